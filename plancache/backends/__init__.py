@@ -1,0 +1,88 @@
+"""Backend registry: URL scheme -> implementation, imported lazily (the way fsspec does it).
+
+Importing this package imports no client library; ``s3fs`` and ``gcsfs`` load only when a
+URL of their scheme is opened.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from plancache.store import PlanStore, PlanStoreError
+
+#: scheme -> ("module:Class", extra that installs its client library or None)
+BACKENDS: dict[str, tuple[str, str | None]] = {
+    "file": ("plancache.backends.local:LocalStore", None),
+    "s3": ("plancache.backends.s3:S3Store", "s3"),
+    "s3a": ("plancache.backends.s3:S3Store", "s3"),
+    "gs": ("plancache.backends.gcs:GCSStore", "gcs"),
+    "gcs": ("plancache.backends.gcs:GCSStore", "gcs"),
+}
+#: any other protocol fsspec knows goes to the generic backend
+GENERIC = "plancache.backends.generic:FsspecStore"
+
+
+class UnsupportedStoreError(PlanStoreError, ValueError):
+    """The URL names a scheme no backend serves, or its extra is not installed."""
+
+
+def _scheme(url: str) -> str:
+    if "://" not in url:
+        return "file"
+    return urlsplit(url).scheme.lower()
+
+
+def _supported() -> str:
+    return ", ".join(f"{s}://" for s in sorted(BACKENDS)) + ", memory:// and other fsspec protocols"
+
+
+def _load(target: str, extra: str | None, scheme: str) -> Callable[..., PlanStore]:
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if extra is None or (exc.name or "").startswith("plancache"):
+            raise
+        raise UnsupportedStoreError(
+            f"{scheme}:// stores need {exc.name!r}: pip install 'plancache[{extra}]'", cause=exc
+        ) from exc
+    cls: Callable[..., PlanStore] = getattr(module, cls_name)
+    return cls
+
+
+def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
+    """Open the store a URL names: a local path or ``file://`` URL, ``s3://bucket/prefix``,
+    ``gs://bucket/prefix``, or another fsspec URL. None means the local default directory.
+
+    Raises ``UnsupportedStoreError`` (a ``ValueError``) for an unknown scheme or a missing
+    extra, naming the supported schemes and the ``pip install`` that fixes it.
+    """
+    from plancache.backends.local import LocalStore
+
+    if url is None or _scheme(url) == "file":
+        if storage_options:
+            raise UnsupportedStoreError(
+                f"local stores take no storage options, got {sorted(storage_options)}"
+            )
+        return LocalStore(None if url is None else _local_path(url))
+    scheme = _scheme(url)
+    if scheme in BACKENDS:
+        target, extra = BACKENDS[scheme]
+        return _load(target, extra, scheme)(url, **storage_options)
+    from fsspec.registry import known_implementations, registry
+
+    if scheme not in known_implementations and scheme not in registry:
+        raise UnsupportedStoreError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
+    return _load(GENERIC, None, scheme)(url, **storage_options)
+
+
+def _local_path(url: str) -> str:
+    if url.startswith("file://"):
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise UnsupportedStoreError(f"file:// URL names a remote host: {url!r}")
+        return parts.path
+    return url

@@ -1,0 +1,239 @@
+"""``PlanCache``: bounded, fail-open lookup and record of plans on a boot path.
+
+Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the time budget
+(default 2 s) plus thread start-up: store I/O runs in a daemon thread that the caller stops
+waiting for at the deadline. Past it, or on any doubt, the answer is a miss and the boot
+profiles as usual. Every decision is logged on ``logging.getLogger("plancache")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from plancache import __version__
+from plancache.fingerprint import fingerprint
+from plancache.gate import applicable_kv_cache_memory_bytes
+from plancache.plan import InvalidPlanError, Plan, Scalar
+from plancache.store import PlanStore, PlanStoreError, PutOutcome
+
+log = logging.getLogger("plancache")
+T = TypeVar("T")
+GiB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer of a lookup. ``kv_cache_memory_bytes`` is None unless ``reason == "hit"``.
+
+    Reasons: ``hit``, ``miss``, ``gate:free-memory-below-baseline``,
+    ``gate:free-memory-unknown``, ``invalid`` (stored record breaks a rule),
+    ``invalid-factors``, ``store-error``, ``timeout``, ``error`` (unexpected).
+    """
+
+    kv_cache_memory_bytes: int | None
+    reason: str
+    fingerprint: str | None
+    seconds: float
+    plan: Plan | None = None
+    detail: str = ""
+
+    @property
+    def hit(self) -> bool:
+        return self.kv_cache_memory_bytes is not None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The result of a record. ``outcome`` is None when nothing was stored.
+
+    Reasons: ``created``, ``replaced``, ``kept``, ``invalid-input``, ``store-error``,
+    ``timeout``, ``error``.
+    """
+
+    outcome: PutOutcome | None
+    reason: str
+    fingerprint: str | None
+    seconds: float
+    detail: str = ""
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _bounded(fn: Callable[[], T], timeout: float) -> T:
+    """Run ``fn`` in a daemon thread; its result, its exception, or ``_Timeout``."""
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="plancache-io", daemon=True).start()
+    if not done.wait(timeout):
+        raise _Timeout
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """(reason, detail) for a failure of store I/O."""
+    if isinstance(exc, _Timeout):
+        return "timeout", "store did not answer within the time budget"
+    if isinstance(exc, InvalidPlanError):
+        return "invalid", str(exc)
+    if isinstance(exc, PlanStoreError):
+        return "store-error", str(exc)
+    return "error", f"{type(exc).__name__}: {exc}"
+
+
+class PlanCache:
+    """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
+
+    def __init__(self, store: PlanStore | Callable[[], PlanStore], timeout: float = 2.0) -> None:
+        """``store`` may be a factory, called (once, inside the time budget) on first use,
+        so that opening a remote client is bounded like any other I/O."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.timeout = float(timeout)
+        self._store = store if isinstance(store, PlanStore) else None
+        self._factory = None if isinstance(store, PlanStore) else store
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
+        """A cache on the store the ``PLANCACHE_*`` variables describe (opened lazily).
+        Raises ``ConfigError`` for a malformed variable."""
+        from plancache.config import Settings
+
+        settings = Settings.from_env(environ)
+        return cls(settings.open_store, timeout=settings.timeout)
+
+    @property
+    def store(self) -> PlanStore:
+        """The store, opened on first use."""
+        with self._lock:
+            if self._store is None:
+                assert self._factory is not None
+                self._store = self._factory()
+            return self._store
+
+    def lookup(self, factors: Mapping[str, Scalar], current_free_memory: object) -> Decision:
+        """The KV-cache size to apply for ``factors`` now, or a miss with its reason."""
+        start = time.perf_counter()
+        fp: str | None = None
+        plan: Plan | None = None
+        kv: int | None = None
+        detail = ""
+        try:
+            fp = fingerprint(factors)
+        except (ValueError, TypeError) as exc:
+            reason, detail = "invalid-factors", str(exc)
+        else:
+            key = fp
+            try:
+                plan = _bounded(lambda: self.store.get(key), self.timeout)
+            except Exception as exc:
+                reason, detail = _describe(exc)
+            else:
+                if plan is None:
+                    reason = "miss"
+                else:
+                    kv = applicable_kv_cache_memory_bytes(plan, current_free_memory)
+                    reason = "hit" if kv is not None else _gate_reason(current_free_memory)
+        decision = Decision(kv, reason, fp, time.perf_counter() - start, plan, detail)
+        _log_lookup(decision, current_free_memory)
+        return decision
+
+    def record(
+        self,
+        factors: Mapping[str, Scalar],
+        *,
+        kv_cache_memory_bytes: int,
+        free_memory_baseline: int,
+    ) -> Recorded:
+        """Store the outcome of a profiled boot under ``fingerprint(factors)``, merging with
+        what is there. Bounded by the time budget; never raises."""
+        start = time.perf_counter()
+        fp: str | None = None
+        outcome: PutOutcome | None = None
+        detail = ""
+        try:
+            plan = Plan.new(
+                factors,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                free_memory_baseline=free_memory_baseline,
+                producer={"host": socket.gethostname(), "plancache": __version__},
+            )
+            plan.encode()
+        except (ValueError, TypeError) as exc:
+            reason, detail = "invalid-input", str(exc)
+        else:
+            fp = plan.fingerprint
+            try:
+                outcome = _bounded(lambda: self.store.put(plan), self.timeout)
+                reason = outcome.value
+            except Exception as exc:
+                reason, detail = _describe(exc)
+        result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
+        level = logging.INFO if outcome is not None else logging.WARNING
+        log.log(
+            level,
+            "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
+            reason,
+            _short(fp),
+            _gib(kv_cache_memory_bytes),
+            _gib(free_memory_baseline),
+            result.seconds * 1e3,
+            f": {detail}" if detail else "",
+        )
+        return result
+
+
+def _gate_reason(current_free_memory: object) -> str:
+    known = isinstance(current_free_memory, int) and not isinstance(current_free_memory, bool)
+    if known and current_free_memory > 0:  # type: ignore[operator]
+        return "gate:free-memory-below-baseline"
+    return "gate:free-memory-unknown"
+
+
+def _short(fp: str | None) -> str:
+    return fp[:12] if fp else "-"
+
+
+def _gib(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value / GiB:.2f}GiB"
+    return repr(value)
+
+
+def _log_lookup(d: Decision, current_free_memory: object) -> None:
+    extra = ""
+    if d.plan is not None:
+        extra = (
+            f" kv={_gib(d.plan.kv_cache_memory_bytes)}"
+            f" baseline={_gib(d.plan.free_memory_baseline)} free={_gib(current_free_memory)}"
+        )
+    quiet = d.reason in ("hit", "miss") or d.reason.startswith("gate")
+    level = logging.INFO if quiet else logging.WARNING
+    log.log(
+        level,
+        "plancache: lookup %s fp=%s%s in %.1f ms%s",
+        d.reason,
+        _short(d.fingerprint),
+        extra,
+        d.seconds * 1e3,
+        f": {d.detail}" if d.detail else "",
+    )

@@ -1,0 +1,113 @@
+"""Settings from the environment, and the store they describe.
+
+- ``PLANCACHE_URL``: store URL or local path
+  (default ``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``)
+- ``PLANCACHE_TIMEOUT``: seconds a lookup or a record may take in all (default 2.0)
+- ``PLANCACHE_READ_ONLY``: never write the remote store (default 0)
+- ``PLANCACHE_LOCAL_TIER``: local tier in front of a remote store: 1, 0 or a directory
+  (default 1: the default local directory)
+- ``PLANCACHE_STORAGE_OPTIONS``: JSON object of storage options for the backend
+
+fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from plancache.backends import open_store
+from plancache.backends.local import default_dir
+from plancache.store import PlanStore, redact
+
+DEFAULT_TIMEOUT = 2.0
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(ValueError):
+    """An environment variable holds a value plancache cannot use."""
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (case-insensitive); else ``ConfigError``."""
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def parse_timeout(name: str, value: str) -> float:
+    """A positive, finite number of seconds; else ``ConfigError``."""
+    try:
+        t = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r}: expected seconds as a number") from None
+    if not (math.isfinite(t) and t > 0):
+        raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
+    return t
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs that name something other than a local directory."""
+    return "://" in url and not url.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where plans live and how long a boot may spend on them."""
+
+    url: str = field(default_factory=lambda: str(default_dir()))
+    timeout: float = DEFAULT_TIMEOUT
+    read_only: bool = False
+    local_tier: str | None = None
+    """Directory of the local tier in front of a remote store, or None for no tier."""
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (
+            f"Settings(url={self.url!r}, timeout={self.timeout}, read_only={self.read_only}, "
+            f"local_tier={self.local_tier!r}, storage_options={redact(self.storage_options)!r})"
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the ``PLANCACHE_*`` variables; raises ``ConfigError`` naming a bad one."""
+        env = os.environ if environ is None else environ
+        local = str(default_dir(dict(env)))
+        url = env.get("PLANCACHE_URL") or local
+        timeout = parse_timeout("PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", "2.0"))
+        read_only = parse_bool("PLANCACHE_READ_ONLY", env.get("PLANCACHE_READ_ONLY", "0"))
+        tier_value = env.get("PLANCACHE_LOCAL_TIER", "1")
+        tier: str | None = None
+        if is_remote(url):
+            lowered = tier_value.strip().lower()
+            if lowered in _TRUE:
+                tier = local
+            elif lowered not in _FALSE:
+                tier = os.path.expanduser(tier_value)
+        raw = env.get("PLANCACHE_STORAGE_OPTIONS", "")
+        try:
+            options = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError:
+            raise ConfigError("PLANCACHE_STORAGE_OPTIONS is not valid JSON") from None
+        if not isinstance(options, dict):
+            raise ConfigError("PLANCACHE_STORAGE_OPTIONS must be a JSON object")
+        return cls(url, timeout, read_only, tier, options)
+
+    def open_store(self) -> PlanStore:
+        """The configured store: the remote one behind a local tier when one is set."""
+        store = open_store(self.url, **self.storage_options)
+        if self.local_tier is None and not self.read_only:
+            return store
+        from plancache.backends.tiered import TieredStore
+
+        local = open_store(self.local_tier) if self.local_tier is not None else None
+        return TieredStore(store, local=local, read_only=self.read_only)

@@ -1,0 +1,188 @@
+"""The ``PlanStore`` contract, its error types and the one merge loop (no I/O libraries).
+
+Backends implement five primitives (read with a version token, create-if-absent,
+replace-if-version-matches, delete, list); everything else, including the merge of
+concurrent writers, lives here once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from plancache.fingerprint import validate_key
+from plancache.gate import dominates
+from plancache.plan import MAX_RECORD_BYTES, InvalidPlanError, Plan
+
+log = logging.getLogger("plancache")
+
+OBJECT_PREFIX = "startup_plan_"
+OBJECT_SUFFIX = ".json"
+CONTENT_TYPE = "application/json"
+READ_LIMIT = MAX_RECORD_BYTES + 1
+"""Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
+
+
+def object_name(fp: str) -> str:
+    """``startup_plan_{fp}.json``: the name of a plan in every store."""
+    return f"{OBJECT_PREFIX}{fp}{OBJECT_SUFFIX}"
+
+
+def fingerprint_of_name(name: str) -> str | None:
+    """The fingerprint a plan object's base name carries, or None for any other name."""
+    if not (name.startswith(OBJECT_PREFIX) and name.endswith(OBJECT_SUFFIX)):
+        return None
+    fp = name[len(OBJECT_PREFIX) : -len(OBJECT_SUFFIX)]
+    try:
+        return validate_key(fp)
+    except ValueError:
+        return None
+
+
+class PutOutcome(enum.Enum):
+    """What ``PlanStore.put`` did."""
+
+    CREATED = "created"
+    REPLACED = "replaced"
+    KEPT = "kept"
+
+
+class PlanStoreError(Exception):
+    """A store could not be used (transport, permission, configuration). Keeps ``cause``."""
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+
+class PlanStorePermissionError(PlanStoreError):
+    """Access was denied (file mode, bad or missing credentials, forbidden bucket)."""
+
+
+class PlanStoreUnavailable(PlanStoreError):
+    """The store did not answer in time, refused the connection or answered a server error."""
+
+
+class PlanStoreNotFound(PlanStoreError):
+    """The store's container (directory's parent, bucket) does not exist."""
+
+
+class PlanStoreConflict(PlanStoreError):
+    """Concurrent writers kept winning; the bounded merge loop gave up."""
+
+
+SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session", "auth")
+
+
+def redact(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of storage options safe to log: values of secret-looking keys are masked."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if any(w in str(k).lower() for w in SECRET_WORDS) and "endpoint" not in str(k).lower():
+            out[k] = "***"
+        elif isinstance(v, Mapping):
+            out[k] = redact(v)
+        else:
+            out[k] = v
+    return out
+
+
+class PlanStore(ABC):
+    """Where plans live. Guarantees, for every backend that passes the conformance suite:
+
+    - ``get`` returns a valid plan, None for a missing one, or raises ``InvalidPlanError``
+      for a record that breaks a rule; never a torn record.
+    - ``put`` is atomic and merges: the stored plan is replaced only by one that dominates it.
+    - transport and permission failures raise ``PlanStoreError`` subclasses.
+    - every key is validated before any I/O.
+    """
+
+    #: False where the backend cannot make create/replace atomic (documented per backend).
+    atomic: bool = True
+    #: Bound on the merge loop's attempts when racing writers keep winning.
+    max_put_attempts: int = 16
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The store's location, without secrets."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- primitives each backend implements -------------------------------------------
+    @abstractmethod
+    def _read(self, fp: str) -> tuple[bytes, object] | None:
+        """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent."""
+
+    @abstractmethod
+    def _create(self, fp: str, data: bytes) -> bool:
+        """Write ``data`` only if no record exists; False if one does. Atomic."""
+
+    @abstractmethod
+    def _replace(self, fp: str, data: bytes, version: object) -> bool:
+        """Overwrite only if the stored version is still ``version``; False otherwise."""
+
+    @abstractmethod
+    def _delete(self, fp: str) -> bool:
+        """Remove the record; False if it was absent."""
+
+    @abstractmethod
+    def _list(self) -> Iterator[str]:
+        """Fingerprints of stored records (names that are not plans are skipped)."""
+
+    # -- the public contract ------------------------------------------------------------
+    def get(self, fp: str) -> Plan | None:
+        """The valid plan stored under ``fp``, or None. Invalid records raise
+        ``InvalidPlanError``; store failures raise ``PlanStoreError``."""
+        found = self._read(validate_key(fp))
+        if found is None:
+            return None
+        return Plan.decode(found[0], expected_fingerprint=fp)
+
+    def put(self, plan: Plan) -> PutOutcome:
+        """Store ``plan`` with merge semantics: create, else replace a stored plan it
+        dominates (or an invalid record), else keep the stored one. Lost races retry, at
+        most ``max_put_attempts`` times, then ``PlanStoreConflict``."""
+        fp = validate_key(plan.fingerprint)
+        data = plan.encode()
+        for _ in range(self.max_put_attempts):
+            if self._create(fp, data):
+                return PutOutcome.CREATED
+            found = self._read(fp)
+            if found is None:  # deleted since: try to create again
+                continue
+            raw, version = found
+            try:
+                stored = Plan.decode(raw, expected_fingerprint=fp)
+            except InvalidPlanError as exc:
+                log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
+            else:
+                if not dominates(plan, stored):
+                    return PutOutcome.KEPT
+            if self._replace(fp, data, version):
+                return PutOutcome.REPLACED
+        raise PlanStoreConflict(
+            f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
+        )
+
+    def delete(self, fp: str) -> bool:
+        """Remove the plan under ``fp``; True if one was there."""
+        return self._delete(validate_key(fp))
+
+    def iter_fingerprints(self) -> Iterator[str]:
+        """Every stored fingerprint, in no particular order."""
+        return self._list()
+
+    def read_raw(self, fp: str) -> bytes | None:
+        """The stored bytes under ``fp`` (at most ``READ_LIMIT``), unvalidated; for tools."""
+        found = self._read(validate_key(fp))
+        return None if found is None else found[0]
+
+    def close(self) -> None:
+        """Release resources held by the store (sessions, pools). Idempotent."""
