@@ -97,8 +97,9 @@ def test_full_disk_is_a_store_error_and_leaves_no_temp_file(tiny_tmpfs: Path) ->
     store = LocalStore(tiny_tmpfs)
     big = make_plan()
     producer_pad = {"pad": "x" * 20_000}
-    big = type(big).new(dict(big.factors), kv_cache_memory_bytes=1, free_memory_baseline=2,
-                        producer=producer_pad)
+    big = type(big).new(
+        dict(big.factors), kv_cache_memory_bytes=1, free_memory_baseline=2, producer=producer_pad
+    )
     with pytest.raises(PlanStoreError, match="No space"):
         store.put(big)
     assert store.temp_files() == []
