@@ -43,6 +43,10 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setattr(plugin, "_registered", False)
     monkeypatch.setattr(plugin, "software_factors", fake_software_factors)
     monkeypatch.setattr(plugin, "device_factors", fake_device_factors)
+    ours = logging.getLogger("plancache")  # register() may route it to vLLM's handler
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
     yield directory
 
 
