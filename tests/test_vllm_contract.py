@@ -69,7 +69,7 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
     if allow is not None:
         extra["VLLM_PLUGINS"] = allow
     code = """
-        import inspect, json, sys
+        import inspect, json, logging, sys
         from vllm.plugins import load_general_plugins
         load_general_plugins()
         import plancache.integrations.vllm as plugin
@@ -90,6 +90,8 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
         report["builtins_replaced"] = all(
             getattr(gpu_worker, f) is plugin._builtin_replaced for f in plugin.BUILTIN_FUNCTIONS
         )
+        handlers = logging.getLogger("plancache").handlers
+        report["logs_via_vllm"] = [type(h).__name__ for h in handlers] == ["_ForwardTo"]
         print(json.dumps(report))
     """
     report = last_json(run_python(code, child_env([], **extra)))
@@ -102,6 +104,7 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
         }
     assert report["determine_available_memory"]["signature"] == "(self) -> int"  # type: ignore[index]
     assert report["builtins_replaced"] is True
+    assert report["logs_via_vllm"] is True
 
 
 def test_not_enabled_leaves_the_real_worker_alone(tmp_path: Path) -> None:

@@ -111,14 +111,18 @@ def _module_exists(name: str) -> bool:
 
 
 def _route_logs_to_vllm() -> None:
-    """Show plancache's lines through vLLM's log handler, at vLLM's level, when vLLM has
-    configured logging and nobody has configured the ``plancache`` logger."""
-    vllm_logger = logging.getLogger("vllm")
-    ours = logging.getLogger("plancache")
-    if not vllm_logger.handlers or ours.handlers:
+    """Send plancache's lines through the ``vllm`` logger (its handler, format and
+    ``VLLM_LOGGING_LEVEL``), unless the ``plancache`` logger is configured already."""
+    try:
+        import vllm.envs as envs
+    except ImportError:
         return
-    ours.addHandler(_ForwardTo(vllm_logger))
-    ours.setLevel(vllm_logger.getEffectiveLevel())
+    ours = logging.getLogger("plancache")
+    if ours.handlers:
+        return
+    level = logging.getLevelName(str(envs.VLLM_LOGGING_LEVEL).upper())
+    ours.setLevel(level if isinstance(level, int) else logging.INFO)
+    ours.addHandler(_ForwardTo(logging.getLogger("vllm")))
     ours.propagate = False
 
 
