@@ -242,6 +242,11 @@ def test_public_functions_follow_vllms_semantics(gpu: ModuleType, store_dir: Pat
     assert plugin.maybe_save_startup_plan(explicit, 5 * GiB) is None
 
 
+def test_public_functions_never_raise(store_dir: Path) -> None:
+    assert plugin.maybe_apply_startup_plan(object()) is None
+    assert plugin.maybe_save_startup_plan(object(), GiB) is None
+
+
 def test_public_functions_do_nothing_when_disabled(
     gpu: ModuleType, store_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from plancache.cache import Decision, PlanCache, Recorded
 from plancache.config import ConfigError, parse_bool
@@ -57,6 +57,7 @@ _STATE_ATTR = "_plancache_boot"
 _MARK = "__plancache_wrapped__"
 _GiB = float(1 << 30)
 
+T = TypeVar("T")
 _lock = threading.Lock()
 _registered = False
 _cache: PlanCache | None = None
@@ -211,7 +212,7 @@ def patch_worker_module(module: ModuleType) -> bool:
 def _wrap_determine(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _apply(self)
+        _safely(_apply, self)
         return original(self, *args, **kwargs)
 
     setattr(determine_available_memory, _MARK, True)
@@ -222,11 +223,20 @@ def _wrap_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        _save(self, getattr(self, "available_kv_cache_memory_bytes", None))
+        _safely(_save, self, getattr(self, "available_kv_cache_memory_bytes", None))
         return result
 
     setattr(compile_or_warm_up_model, _MARK, True)
     return compile_or_warm_up_model
+
+
+def _safely(fn: Callable[..., T], *args: Any) -> T | None:
+    """``fn(*args)``, or None with a warning if it raises: the boot goes on either way."""
+    try:
+        return fn(*args)
+    except Exception:
+        log.warning("plancache: %s failed; booting as usual", fn.__name__, exc_info=True)
+        return None
 
 
 def _builtin_replaced(*args: object, **kwargs: object) -> None:
@@ -285,7 +295,6 @@ class _Boot:
 
     mode: str  # "explicit", "applied" or "profiling"
     factors: dict[str, Scalar] | None = None
-    fingerprint: str | None = None
     free_memory: object = None
     saved: bool = False
 
@@ -294,14 +303,14 @@ def maybe_apply_startup_plan(worker: Any) -> Decision | None:
     """vLLM's ``maybe_apply_startup_plan`` on the configured store: if enabled and no
     explicit ``kv_cache_memory_bytes`` is set, set it from a plan that this worker's gate and
     every rank's accept. The decision, or None when nothing was looked up. Never raises."""
-    return _apply(worker) if enabled() else None
+    return _safely(_apply, worker) if enabled() else None
 
 
 def maybe_save_startup_plan(worker: Any, kv_cache_memory_bytes: int) -> Recorded | None:
     """vLLM's ``maybe_save_startup_plan`` on the configured store: record
     ``kv_cache_memory_bytes`` under the key of this worker's lookup, only if enabled and this
     boot profiled, once per boot. The result, or None when nothing was stored. Never raises."""
-    return _save(worker, kv_cache_memory_bytes) if enabled() else None
+    return _safely(_save, worker, kv_cache_memory_bytes) if enabled() else None
 
 
 def _get_cache() -> PlanCache:
@@ -328,7 +337,7 @@ def _apply(worker: Any) -> Decision | None:
     decision, factors, free = _lookup(worker)
     can_apply = decision.kv_cache_memory_bytes is not None
     agreed, agreement = _agree(can_apply)
-    boot = _Boot("profiling", factors, decision.fingerprint, free)
+    boot = _Boot("profiling", factors, free)
     fp = (decision.fingerprint or "-")[:12]
     if can_apply and agreed:
         kv = decision.kv_cache_memory_bytes
@@ -415,7 +424,7 @@ def _save(worker: Any, kv_cache_memory_bytes: object) -> Recorded | None:
         except Exception as exc:
             log.warning("plancache: rank %s: not saved, no plan key: %s", rank, exc)
             return None
-        boot = _Boot("profiling", factors, None, free)
+        boot = _Boot("profiling", factors, free)
         setattr(worker, _STATE_ATTR, boot)
     if boot.mode != "profiling" or boot.saved or boot.factors is None:
         return None
