@@ -75,6 +75,9 @@ async def read_bounded(read: Callable[[int], Awaitable[bytes]], limit: int) -> b
 class ObjectStore(PlanStore):
     """A bucket and prefix on an object store whose client runs on fsspec's event loop."""
 
+    #: Objects per listing request (the services' maximum is 1000).
+    list_page_size: int = 1000
+
     def __init__(self, url: str, timeouts: Timeouts) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)
         self.timeouts = timeouts

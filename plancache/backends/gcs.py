@@ -208,6 +208,7 @@ class GCSStore(ObjectStore):
                     "prefix": self._list_prefix,
                     "delimiter": "/",
                     "fields": "items/name,nextPageToken",
+                    "maxResults": str(self.list_page_size),
                 }
                 if token:
                     params["pageToken"] = token

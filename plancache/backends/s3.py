@@ -166,7 +166,11 @@ class S3Store(ObjectStore):
                 s3 = await self._client()
                 extra = {"ContinuationToken": token} if token else {}
                 resp = await s3.list_objects_v2(
-                    Bucket=self.bucket, Prefix=self._list_prefix, Delimiter="/", **extra
+                    Bucket=self.bucket,
+                    Prefix=self._list_prefix,
+                    Delimiter="/",
+                    MaxKeys=self.list_page_size,
+                    **extra,
                 )
                 keys = [o["Key"] for o in resp.get("Contents", [])]
                 more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
