@@ -105,19 +105,22 @@ class ObjectStore(PlanStore):
         """The store error for a client exception, or None for an unexpected one."""
 
     def _run(self, action: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """``coro()`` on the client's loop, bounded by ``timeouts.total``; exceptions are
-        translated to ``PlanStoreError`` subclasses where the client's error is known."""
+        """``coro()`` on the client's loop, bounded by ``timeouts.total``; the client's
+        known exceptions become ``PlanStoreError`` subclasses, others propagate."""
+
+        async def translated() -> T:
+            try:
+                return await coro()
+            except Exception as exc:  # the client's own errors (the bound cancels instead)
+                error = self.translate(exc, action)
+                if error is None:
+                    raise
+                raise error from exc
+
         try:
-            result: T = sync(self._loop, coro, timeout=self.timeouts.total)
-            return result
-        except (FSTimeoutError, asyncio.TimeoutError) as exc:
+            result: T = sync(self._loop, translated, timeout=self.timeouts.total)
+        except FSTimeoutError as exc:
             raise PlanStoreUnavailable(
                 f"{self.url}: {action}: no answer within {self.timeouts.total:g} s", cause=exc
             ) from exc
-        except PlanStoreError:
-            raise
-        except Exception as exc:
-            error = self.translate(exc, action)
-            if error is None:
-                raise
-            raise error from exc
+        return result

@@ -251,6 +251,10 @@ class GCSStore(ObjectStore):
             return PlanStorePermissionError(
                 f"{where}: no usable credentials ({type(exc).__name__})", cause=exc
             )
-        if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError)):
-            return PlanStoreUnavailable(f"{where}: cannot reach the endpoint", cause=exc)
+        if isinstance(exc, asyncio.TimeoutError):
+            return PlanStoreUnavailable(f"{where}: timed out ({type(exc).__name__})", cause=exc)
+        if isinstance(exc, (aiohttp.ClientError, OSError)):
+            return PlanStoreUnavailable(
+                f"{where}: cannot reach the endpoint ({type(exc).__name__})", cause=exc
+            )
         return None

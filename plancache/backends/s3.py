@@ -23,10 +23,12 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     ConnectionError,
+    ConnectTimeoutError,
     CredentialRetrievalError,
     HTTPClientError,
     NoCredentialsError,
     PartialCredentialsError,
+    ReadTimeoutError,
 )
 
 from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
@@ -211,8 +213,12 @@ class S3Store(ObjectStore):
             return PlanStoreError(f"{where}: {what}", cause=exc)
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
             return PlanStorePermissionError(f"{where}: no usable credentials", cause=exc)
+        if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, asyncio.TimeoutError)):
+            return PlanStoreUnavailable(f"{where}: timed out ({type(exc).__name__})", cause=exc)
         if isinstance(exc, (ConnectionError, HTTPClientError, aiohttp.ClientError, OSError)):
-            return PlanStoreUnavailable(f"{where}: cannot reach the endpoint", cause=exc)
+            return PlanStoreUnavailable(
+                f"{where}: cannot reach the endpoint ({type(exc).__name__})", cause=exc
+            )
         if isinstance(exc, BotoCoreError):
             return PlanStoreError(f"{where}: {type(exc).__name__}", cause=exc)
         return None
