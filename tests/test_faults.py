@@ -207,11 +207,11 @@ def test_secrets_never_leak(backend: str, caplog: pytest.LogCaptureFixture) -> N
         server = s3_error(
             403, "SignatureDoesNotMatch", "The request signature we calculated does not match"
         )
-        secrets = {"key": "AKIAPLANCACHETEST", "secret": SECRET, "token": TOKEN}
-        nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
+        secrets: dict[str, Any] = {"key": "AKIAPLANCACHETEST", "secret": SECRET, "token": TOKEN}
+        nested: dict[str, Any] = {"client_kwargs": {"aws_secret_access_key": SECRET}}
     else:
         server = gcs_error(401, "Invalid Credentials")
-        secrets = {"token": Credentials(token=TOKEN)}
+        secrets = {"token": Credentials(token=TOKEN)}  # type: ignore[no-untyped-call]
         nested = {"session_kwargs": {"headers": {"X-Goog-Api-Key": SECRET}}}
     with server:
         store = _open(backend, server.endpoint, **secrets)
