@@ -37,20 +37,23 @@ def _check_factors(factors: object) -> dict[str, Scalar]:
         raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
     if not factors:
         raise InvalidPlanError("factors must not be empty")
-    out: dict[str, Scalar] = {}
-    for key, value in factors.items():
-        if not isinstance(key, str):
+    out = dict(factors)
+    for key, value in out.items():
+        if type(key) is not str:
             raise InvalidPlanError(f"factor names must be strings, got {key!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidPlanError(f"factor {key!r} is not a finite number: {value!r}")
-        if isinstance(value, int) and not isinstance(value, bool):
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            continue
+        if kind is float or isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidPlanError(f"factor {key!r} is not a finite number: {value!r}")
+        elif kind is int or (isinstance(value, int) and not isinstance(value, bool)):
             if not _MIN_FACTOR_INT <= value < _FACTOR_INT_LIMIT:
                 raise InvalidPlanError(f"factor {key!r} is outside the 64-bit range")
-        elif value is not None and not isinstance(value, (str, float, bool)):
+        elif not isinstance(value, (str, bool)):
             raise InvalidPlanError(
-                f"factor {key!r} must be str, int, float, bool or None, not {type(value).__name__}"
+                f"factor {key!r} must be str, int, float, bool or None, not {kind.__name__}"
             )
-        out[key] = value
     return out
 
 
@@ -62,6 +65,10 @@ def canonical(factors: Mapping[str, Scalar]) -> bytes:
 def digest(factors: Mapping[str, Scalar]) -> str:
     """sha256 hex digest of :func:`canonical` ``(factors)``."""
     return hashlib.sha256(canonical(factors)).hexdigest()
+
+
+def _digest_checked(factors: dict[str, Scalar]) -> str:
+    return hashlib.sha256(orjson.dumps(factors, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -94,7 +101,7 @@ class Plan:
             raise InvalidPlanError(
                 f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
             )
-        if not isinstance(self.fingerprint, str) or self.fingerprint != digest(factors):
+        if not isinstance(self.fingerprint, str) or self.fingerprint != _digest_checked(factors):
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
         created = self.created_at
         if isinstance(created, bool) or not isinstance(created, (int, float)):

@@ -73,6 +73,7 @@ class LocalStore(PlanStore):
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else default_dir()
         self.root = Path(os.path.abspath(os.path.expanduser(self.root)))
+        self._root = str(self.root)
 
     @property
     def url(self) -> str:
@@ -83,7 +84,7 @@ class LocalStore(PlanStore):
 
     # -- primitives -----------------------------------------------------------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
-        path = self._path(fp)
+        path = os.path.join(self._root, object_name(fp))
         try:
             with open(path, "rb") as f:
                 data = f.read(READ_LIMIT)
@@ -92,7 +93,7 @@ class LocalStore(PlanStore):
         except OSError as exc:
             if exc.errno == errno.ENOTDIR:
                 return None
-            raise _store_error(path, "read", exc) from exc
+            raise _store_error(Path(path), "read", exc) from exc
         return data, _digest(data)
 
     def _write_temp(self, fp: str, data: bytes) -> Path:

@@ -1,0 +1,1 @@
+"""plancache benchmarks: store costs, fleet simulation, real boots (GPU only)."""

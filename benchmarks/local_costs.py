@@ -1,0 +1,119 @@
+"""Costs of the local store against vLLM's built-in read, and of ``import plancache``.
+
+Baseline: vLLM's built-in startup plan reads its file with ``open`` + ``json.load``; the
+plancache hit path reads the same bytes, decodes with orjson and validates every rule
+(fingerprint recomputed, bounds, schema).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stats import median, percentiles, time_calls, time_interleaved
+from plancache import Plan, PlanCache
+from plancache.backends.local import LocalStore
+
+GiB = 1 << 30
+DENIED_MODULES = ("s3fs", "gcsfs", "vllm", "torch", "boto3", "aiobotocore")
+
+
+def bench_factors(i: int) -> dict[str, Any]:
+    """Factors shaped like the vLLM plugin's (sizes similar to a real plan)."""
+    return {
+        "vllm_version": "0.33.0",
+        "vllm_config_hash": f"{i:064x}",
+        "gpu_memory_utilization": 0.9,
+        "memory_profiler_estimate_cudagraphs": "1",
+        "device_name": "NVIDIA H200",
+        "device_total_memory": 150_110_011_392,
+        "device_capability": "9.0",
+        "torch_version": "2.14.1",
+        "cuda_version": "13.0",
+        "rank": 0,
+        "world_size": 1,
+    }
+
+
+def measure_local(n: int = 2000) -> dict[str, Any]:
+    """p50/p99 of local get-hit, get-miss, lookup-hit, put-create, put-merge and the
+    open+json.load baseline, on a fresh directory."""
+    with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
+        store = LocalStore(Path(tmp) / "startup_plan")
+        plans = [
+            Plan.new(
+                bench_factors(i), kv_cache_memory_bytes=60 * GiB, free_memory_baseline=130 * GiB
+            )
+            for i in range(n + 20)
+        ]
+        create = time_calls(lambda i: store.put(plans[i]), n, warmup=20)
+        merge = time_calls(lambda i: store.put(plans[i]), n, warmup=0)
+        hit_fp = plans[0].fingerprint
+        path = store.root / f"startup_plan_{hit_fp}.json"
+
+        def baseline(_: int) -> object:
+            with open(path) as f:
+                return json.load(f)
+
+        miss_fp = "f" * 64
+        cache = PlanCache(store)
+        factors = bench_factors(0)
+        reads = time_interleaved(
+            {
+                "baseline_open_json_load": lambda: baseline(0),
+                "get_hit": lambda: store.get(hit_fp),
+                "get_miss": lambda: store.get(miss_fp),
+                "lookup_hit": lambda: cache.lookup(factors, 140 * GiB),
+            },
+            n,
+        )
+        record_bytes = len(plans[0].encode())
+    result: dict[str, Any] = {"record_bytes": record_bytes}
+    result.update({name: percentiles(samples) for name, samples in reads.items()})
+    result["put_create"] = percentiles(create)
+    result["put_merge"] = percentiles(merge)
+    result["hit_over_baseline_p50"] = (
+        result["get_hit"]["p50_us"] / result["baseline_open_json_load"]["p50_us"]
+    )
+    return result
+
+
+_PROBE = (
+    "import sys, time; t = time.perf_counter(); import plancache; d = time.perf_counter() - t; "
+    "print(d, *[m for m in {denied!r} if m in sys.modules])"
+)
+
+
+def _process_seconds(args: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+    return time.perf_counter() - start, out
+
+
+def measure_import(runs: int = 15) -> dict[str, Any]:
+    """What ``import plancache`` adds to a fresh interpreter (median wall time of whole
+    processes, and the in-process import time), and which heavy modules it loaded."""
+    bare, timed, inside = [], [], []
+    loaded: set[str] = set()
+    for _ in range(runs):
+        bare.append(_process_seconds([sys.executable, "-c", "pass"])[0])
+        seconds, out = _process_seconds(
+            [sys.executable, "-c", _PROBE.format(denied=DENIED_MODULES)]
+        )
+        timed.append(seconds)
+        first, *heavy = out.split()
+        inside.append(float(first))
+        loaded.update(heavy)
+    return {
+        "runs": runs,
+        "bare_interpreter_ms": median(bare) * 1e3,
+        "interpreter_with_import_ms": median(timed) * 1e3,
+        "added_ms": (median(timed) - median(bare)) * 1e3,
+        "in_process_import_ms": median(inside) * 1e3,
+        "heavy_modules_loaded": sorted(loaded),
+    }
