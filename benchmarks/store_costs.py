@@ -1,8 +1,8 @@
 """What a plan costs on the object stores: latency and requests per operation.
 
 ``measure_remote(n)`` starts moto (S3) and fake-gcs-server (GCS) on loopback and reports, per
-backend, p50/p99 of get-hit, get-miss, put-create, put-merge (a dominating plan: create
-refused, read, compare-and-swap) and put-kept (create refused, read), the first read of a
+backend, p50/p99 of get_hit, get_miss, put_create, put_merge (a dominating plan: create
+refused, read, compare-and-swap) and put_kept (create refused, read), the first read of a
 fresh store (client setup included), and the requests each operation sends (counted by a
 proxy), beside raw s3fs ``cat_file`` (HEAD + GET) as the baseline. Loopback figures measure
 client overhead, not network latency: on a real bucket, add one round trip per request.
@@ -24,19 +24,11 @@ from typing import Any
 import s3fs
 
 from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+from benchmarks.stats import percentiles
 from plancache import Plan, PlanStore, PutOutcome, open_store
 from plancache.store import object_name
 
 GiB = 1 << 30
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
-
-    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "samples": len(ordered)}
 
 
 def _timed(calls: Iterable[Callable[[], object]]) -> list[float]:
@@ -67,11 +59,11 @@ def _steps(store: PlanStore, n: int, tag: str) -> list[tuple[str, Callable[[], o
         return call
 
     steps: list[tuple[str, Callable[[], object]]] = []
-    steps += [("get-miss", partial(store.get, p.fingerprint)) for p in base]
-    steps += [("put-create", put(p, PutOutcome.CREATED)) for p in base]
-    steps += [("get-hit", partial(store.get, p.fingerprint)) for p in base]
-    steps += [("put-kept", put(p, PutOutcome.KEPT)) for p in base]
-    steps += [("put-merge", put(p, PutOutcome.REPLACED)) for p in better]
+    steps += [("get_miss", partial(store.get, p.fingerprint)) for p in base]
+    steps += [("put_create", put(p, PutOutcome.CREATED)) for p in base]
+    steps += [("get_hit", partial(store.get, p.fingerprint)) for p in base]
+    steps += [("put_kept", put(p, PutOutcome.KEPT)) for p in base]
+    steps += [("put_merge", put(p, PutOutcome.REPLACED)) for p in better]
     return steps
 
 
@@ -101,16 +93,15 @@ def _backend(
     store.get(_plans(1, "warm-up")[0].fingerprint)
     latencies = _latencies(store, n)
     fresh = [open_direct() for _ in range(min(n, 10))]
-    latencies["first-get"] = _timed(partial(s.get, _plans(1, "x")[0].fingerprint) for s in fresh)
+    latencies["first_get"] = _timed(partial(s.get, _plans(1, "x")[0].fingerprint) for s in fresh)
     for s in [store, *fresh]:
         s.close()
     counted = open_counted()
     requests = _requests(counted, proxy, min(n, 20))
     counted.close()
-    return {
-        name: {**_stats(samples), "requests": requests.get(name)}
-        for name, samples in latencies.items()
-    }
+    out: dict[str, Any] = {name: percentiles(samples) for name, samples in latencies.items()}
+    out["requests"] = requests
+    return out
 
 
 def _s3fs_baseline(endpoint: str, proxy: CountingProxy, bucket: str, n: int) -> dict[str, Any]:
@@ -128,13 +119,13 @@ def _s3fs_baseline(endpoint: str, proxy: CountingProxy, bucket: str, n: int) -> 
     k = min(n, 20)
     for path in paths[:k]:
         counted.cat_file(path)
-    return {"get-hit": {**_stats(samples), "requests": len(proxy.requests) / k}}
+    return {"get_hit": percentiles(samples), "requests": {"get_hit": len(proxy.requests) / k}}
 
 
 def measure_remote(n: int = 200) -> dict[str, Any]:
-    """Per backend (``s3``, ``gcs``) and for raw s3fs ``cat_file`` (``s3fs-cat_file``):
-    ``{operation: {"p50_ms", "p99_ms", "samples", "requests"}}``, measured on loopback
-    emulators this function starts and stops."""
+    """Per backend (``s3``, ``gcs``) and for raw s3fs ``cat_file`` (``s3fs_cat_file``):
+    ``{operation: {"n", "p50_us", "p99_us"}, ..., "requests": {operation: per op}}``,
+    measured on loopback emulators this function starts and stops."""
     with ExitStack() as stack:
         stack.enter_context(fake_aws_env())
         s3 = stack.enter_context(MotoS3())
@@ -152,11 +143,9 @@ def measure_remote(n: int = 200) -> dict[str, Any]:
             return lambda: open_store(f"gs://{bucket}/plans", endpoint_url=endpoint, token="anon")
 
         return {
-            "n": n,
-            "servers": "loopback: moto (S3), fake-gcs-server (GCS)",
             "s3": _backend(s3_store(s3.endpoint), s3_store(s3_proxy.endpoint), s3_proxy, n),
             "gcs": _backend(gcs_store(gcs.endpoint), gcs_store(gcs_proxy.endpoint), gcs_proxy, n),
-            "s3fs-cat_file": _s3fs_baseline(s3.endpoint, s3_proxy, bucket, n),
+            "s3fs_cat_file": _s3fs_baseline(s3.endpoint, s3_proxy, bucket, n),
         }
 
 
