@@ -242,3 +242,21 @@ def test_the_hard_bound_holds_whatever_the_client_timeouts(backend: str) -> None
         with pytest.raises(PlanStoreUnavailable, match=r"no answer within 0\.5 s"):
             store.get(make_plan().fingerprint)
         assert time.monotonic() - start < 1.5
+
+
+def test_s3_conditional_conflicts_are_lost_races() -> None:
+    """AWS may answer 409 ConditionalRequestConflict to a conditional put: re-read, retry."""
+    with s3_error(409, "ConditionalRequestConflict", "try again") as server:
+        store = _open("s3", server.endpoint)
+        fp = make_plan().fingerprint
+        assert store._create(fp, b"{}") is False
+        assert store._replace(fp, b"{}", '"etag"') is False
+    with s3_error(412, "PreconditionFailed", "At least one precondition failed") as server:
+        assert _open("s3", server.endpoint)._create(fp, b"{}") is False
+
+
+def test_gcs_read_without_generation_is_an_error() -> None:
+    with FixedResponseServer(200, b"{}") as server:
+        store = _open("gcs", server.endpoint)
+        with pytest.raises(PlanStoreError, match="x-goog-generation"):
+            store.get(make_plan().fingerprint)

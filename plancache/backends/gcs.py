@@ -145,7 +145,10 @@ class GCSStore(ObjectStore):
                 return None
             if status != 200:
                 raise GCSStatusError(status, _reason(body))
-            return body, int(headers["x-goog-generation"])
+            generation = headers.get("x-goog-generation")
+            if generation is None:
+                raise GCSStatusError(status, "the response carries no x-goog-generation")
+            return body, int(generation)
 
         return self._run("read", get)
 
