@@ -533,48 +533,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        doc = (func.__doc__ or "").split("\n")[0]
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], doc: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=doc, description=doc)
         p.set_defaults(func=func)
         return p
 
-    p = command("ls", cmd_ls)
+    p = command(
+        "ls",
+        cmd_ls,
+        "list the plans in a store, one row each (invalid records too, with the reason)",
+    )
     p.add_argument("url", nargs="?", metavar="URL")
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="age", help=_SORT_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = command("show", cmd_show)
+    p = command(
+        "show", cmd_show, "show a whole record, factors included, by fingerprint or unique prefix"
+    )
     p.add_argument("fingerprint", metavar="FP", help="a fingerprint or a unique prefix")
     p.add_argument("--url", metavar="URL")
     p.add_argument("--json", action="store_true", help="the record as stored (JSON)")
 
-    p = command("verify", cmd_verify)
+    p = command(
+        "verify",
+        cmd_verify,
+        "check every record against the format's rules; exit 1 if any is invalid",
+    )
     p.add_argument("url", nargs="?", metavar="URL")
     p.add_argument("--fix", action="store_true", help="delete the invalid records")
 
-    p = command("rm", cmd_rm)
+    p = command("rm", cmd_rm, "delete plans by fingerprint or unique prefix")
     p.add_argument("fingerprints", nargs="+", metavar="FP", help="fingerprints or prefixes")
     p.add_argument("--url", metavar="URL")
 
-    p = command("prune", cmd_prune)
+    p = command(
+        "prune",
+        cmd_prune,
+        "delete plans older than an age, and abandoned temp files of local stores",
+    )
     p.add_argument("url", nargs="?", metavar="URL")
     p.add_argument(
         "--older-than", type=parse_duration, required=True, metavar="AGE", help="30d, 12h, 45m"
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
 
-    p = command("cp", cmd_cp)
+    p = command("cp", cmd_cp, "copy every valid plan from SRC to DST, merging with what DST holds")
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
     p.add_argument("--src-storage-options", dest="src_opts", metavar="JSON", help="for SRC")
     p.add_argument("--dst-storage-options", dest="dst_opts", metavar="JSON", help="for DST")
 
-    p = command("stats", cmd_stats)
+    p = command("stats", cmd_stats, "plan count, bytes, oldest and newest plan, devices seen")
     p.add_argument("url", nargs="?", metavar="URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = command("fingerprint", cmd_fingerprint)
+    p = command(
+        "fingerprint",
+        cmd_fingerprint,
+        "print the fingerprint and canonical encoding of a factors object",
+    )
     p.add_argument("factors", metavar="FACTORS.json", help="a JSON file of factors, - for stdin")
     return parser
 
