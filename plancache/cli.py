@@ -8,6 +8,7 @@ tier, so what it shows is what that store itself holds. Expected failures print 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -92,7 +93,8 @@ def _open(
     must_exist: bool = True,
 ) -> PlanStore:
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``--storage-options``, else those of the
-    environment (remote stores only). A local store that must exist but does not is an error."""
+    environment (remote stores only); `main` closes it. A local store that must exist but does
+    not is an error."""
     text = options if options is not None else args.storage_options
     settings = None
     if url is None or (text is None and is_remote(url)):
@@ -107,6 +109,7 @@ def _open(
     else:
         storage_options = {}
     store = open_store(url, **storage_options)
+    args.opened.append(store)
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store
@@ -118,7 +121,7 @@ def _secret_values(options: Mapping[str, Any]) -> Iterator[str]:
     for key, value in options.items():
         if isinstance(value, Mapping):
             yield from _secret_values(value)
-        elif masked.get(key) == "***" and value not in (None, ""):
+        elif masked.get(key) == "***" and len(str(value)) >= 4:  # shorter ones: no secret
             yield str(value)
 
 
@@ -602,6 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors)."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    args.opened = []  # stores to close on the way out
     try:
         return func(args)
     except BrokenPipeError:  # e.g. `plancache ls | head`: stop quietly
@@ -616,3 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        for store in args.opened:
+            with contextlib.suppress(*EXPECTED_ERRORS):
+                store.close()
