@@ -93,7 +93,7 @@ def _open(
     must_exist: bool = True,
 ) -> PlanStore:
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``--storage-options``, else those of the
-    environment (remote stores only); `main` closes it. A local store that must exist but does
+    environment (remote stores only); ``main`` closes it. A local store that must exist but does
     not is an error."""
     text = options if options is not None else args.storage_options
     settings = None

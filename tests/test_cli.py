@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import pty
+import socket
 import subprocess
 import sys
 import time
@@ -433,15 +434,24 @@ def test_missing_extra_is_one_line(tmp_path: Path) -> None:
 
 
 # -- S3 and GCS --------------------------------------------------------------------------------
-@pytest.fixture(params=["s3", "gcs"])
-def remote(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """``(url, storage_options)`` of a fresh empty store on the S3 or GCS test server."""
-    name = f"{request.param}_spec"
+def _spec(request: pytest.FixtureRequest, name: str) -> tuple[str, dict[str, Any]]:
     try:
         spec: tuple[str, dict[str, Any]] = request.getfixturevalue(name)
     except pytest.FixtureLookupError:
         pytest.skip(f"no {name!r} fixture: the S3/GCS test servers are not on this branch yet")
     return spec
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def remote(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of a fresh empty store on the S3 or GCS test server."""
+    return _spec(request, f"{request.param}_spec")
+
+
+@pytest.fixture
+def s3(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of a fresh empty store on the S3 test server."""
+    return _spec(request, "s3_spec")
 
 
 def test_remote_store_end_to_end(tmp_path: Path, remote: tuple[str, dict[str, Any]]) -> None:
@@ -457,18 +467,57 @@ def test_remote_store_end_to_end(tmp_path: Path, remote: tuple[str, dict[str, An
     rows = json.loads(ok("ls", url, "--json", "--storage-options", opts))
     fps = sorted(r["fingerprint"] for r in rows)
     assert fps == sorted(set(open_store(str(local)).iter_fingerprints()) - {bad})
+    assert "3 created" not in ok("cp", str(local), url, "--dst-storage-options", opts)
 
     env = cli_env(PLANCACHE_URL=url, PLANCACHE_STORAGE_OPTIONS=opts)
     stats = json.loads(ok("stats", "--json", env=env))
-    assert (stats["plans"], stats["invalid"]) == (3, 0)
+    assert (stats["url"], stats["plans"], stats["invalid"]) == (url, 3, 0)
     assert ok("show", fps[0][:10], env=env).startswith(f"fingerprint  {fps[0]}")
-    assert "0 invalid" in ok("verify", env=env)
 
     back = tmp_path / "back"
     out = ok("cp", url, str(back), "--src-storage-options", opts)
     assert "3 created, 0 replaced, 0 kept, 0 invalid skipped" in out
     assert sorted(open_store(str(back)).iter_fingerprints()) == fps
 
+    # an invalid record planted in the bucket is found, and --fix deletes it
+    store = open_store(url, **options)
+    try:
+        assert store._create(bad, record_bytes(kv_cache_memory_bytes=3 * GIB))
+    finally:
+        store.close()
+    result = run("verify", env=env)
+    assert result.returncode == 1 and f"{bad}  kv_cache_memory_bytes" in result.stdout
+    assert "1 deleted" in ok("verify", "--fix", env=env)
+
     assert ok("rm", fps[0][:10], env=env) == f"deleted {fps[0]}\n"
     assert "would delete 0 plans" in ok("prune", "--older-than", "1d", "--dry-run", env=env)
     assert len(json.loads(ok("ls", "--json", env=env))) == 2
+
+
+def test_s3_errors_are_one_line(s3: tuple[str, dict[str, Any]]) -> None:
+    url, options = s3
+    secret = "hunter2-not-for-logs"
+    dead = {"endpoint_url": f"http://127.0.0.1:{_closed_port()}", "key": "id", "secret": secret}
+    result = run("ls", url, "--storage-options", json.dumps(dead))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"plancache: error: {url}: ") and "reach" in result.stderr
+    assert secret not in result.stdout + result.stderr
+
+    # no credentials anywhere: options without them, no AWS_* variables, no config files
+    creds = ("key", "secret", "token", "aws_access_key_id", "aws_secret_access_key")
+    anonymous = {k: v for k, v in options.items() if k not in creds}
+    env = {k: v for k, v in cli_env().items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    )
+    err = failure("ls", url, "--storage-options", json.dumps(anonymous), env=env)
+    assert err.startswith(f"plancache: error: {url}: ") and "credentials" in err
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
