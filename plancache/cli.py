@@ -90,24 +90,24 @@ def _open(
     url: str | None,
     options: str | None = None,
     *,
+    flag: str = "--storage-options",
     must_exist: bool = True,
 ) -> PlanStore:
-    """Open ``url`` (default: ``PLANCACHE_URL``) with ``--storage-options``, else those of the
-    environment (remote stores only); ``main`` closes it. A local store that must exist but does
-    not is an error."""
-    text = options if options is not None else args.storage_options
+    """Open ``url`` (default: ``PLANCACHE_URL``) with ``options`` (the JSON given to ``flag``),
+    else ``--storage-options``, else those of the environment (remote stores only); ``main``
+    closes it. A local store that must exist but does not is an error."""
+    if options is None:
+        options, flag = args.storage_options, "--storage-options"
     settings = None
-    if url is None or (text is None and is_remote(url)):
+    if url is None or (options is None and is_remote(url)):
         settings = Settings.from_env()
-    if url is None:
-        assert settings is not None
-        url = settings.url
-    if text is not None:
-        storage_options = _parse_options(text, "--storage-options")
+        url = settings.url if url is None else url
+    assert url is not None
+    storage_options: dict[str, Any] = {}
+    if options is not None:
+        storage_options = _parse_options(options, flag)
     elif settings is not None and is_remote(url):
         storage_options = dict(settings.storage_options)
-    else:
-        storage_options = {}
     store = open_store(url, **storage_options)
     args.opened.append(store)
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
@@ -439,8 +439,8 @@ def _stale_temp_files(store: LocalStore) -> int:
 
 def cmd_cp(args: argparse.Namespace) -> int:
     """Copy every valid plan from SRC into DST with merge semantics (``DST.put``)."""
-    src = _open(args, args.src, args.src_opts)
-    dst = _open(args, args.dst, args.dst_opts, must_exist=False)
+    src = _open(args, args.src, args.src_opts, flag="--src-storage-options")
+    dst = _open(args, args.dst, args.dst_opts, flag="--dst-storage-options", must_exist=False)
     fps = sorted(src.iter_fingerprints())
     progress = None
     if len(fps) > PROGRESS_MIN and sys.stderr.isatty():
