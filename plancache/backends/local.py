@@ -150,6 +150,8 @@ class LocalStore(PlanStore):
         return True
 
     def _delete(self, fp: str) -> bool:
+        if not self._path(fp).exists():
+            return False
         with self._locked():
             try:
                 self._path(fp).unlink()

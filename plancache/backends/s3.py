@@ -1,0 +1,218 @@
+"""Plans in an S3 bucket (or any S3-compatible store), through s3fs's aiobotocore client.
+
+- read: one ``GetObject`` (body and ETag together, hit or miss), at most ``READ_LIMIT`` bytes.
+- create: ``PutObject`` with ``If-None-Match: *``; replace: ``PutObject`` with
+  ``If-Match: <etag>``. A 412, or AWS's 409 ``ConditionalRequestConflict``, means a racing
+  writer won: the base class's merge loop re-reads.
+- time: ``connect_timeout`` 0.5 s and ``read_timeout`` 1 s per attempt, ``retries`` 1 (botocore
+  ``standard`` mode), ``timeout`` 3 s for a whole call; all four are storage options.
+
+Other storage options go to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``secret``,
+``anon``, ``client_kwargs``, ...); credentials otherwise come from botocore's chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import s3fs
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    CredentialRetrievalError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
+from plancache.store import (
+    CONTENT_TYPE,
+    READ_LIMIT,
+    PlanStoreError,
+    PlanStoreNotFound,
+    PlanStorePermissionError,
+    PlanStoreUnavailable,
+    fingerprint_of_name,
+    redact,
+)
+
+DENIED = {
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+}
+LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict"}
+
+
+def _code(exc: ClientError) -> tuple[str, int]:
+    """(error code, HTTP status) of a botocore ``ClientError``."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return code, status
+
+
+def _lost_race(exc: ClientError) -> bool:
+    code, status = _code(exc)
+    return code in LOST_RACE or status in (409, 412)
+
+
+def _missing_key(exc: ClientError) -> bool:
+    code, status = _code(exc)
+    return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
+
+
+class S3Store(ObjectStore):
+    """``s3://bucket/prefix``: atomic create and compare-and-swap by conditional ``PutObject``."""
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        options = dict(storage_options)
+        timeouts = Timeouts.pop_from(options)
+        super().__init__(url, timeouts)
+        self._options = redact(options)
+        config = dict(options.pop("config_kwargs", None) or {})
+        config.setdefault("connect_timeout", timeouts.connect)
+        config.setdefault("read_timeout", timeouts.read)
+        config.setdefault(
+            "retries", {"total_max_attempts": timeouts.retries + 1, "mode": "standard"}
+        )
+        self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, {self._options!r})"
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self.fs.loop
+        return loop
+
+    async def _client(self) -> Any:
+        self._opened = True
+        return await self.fs.set_session()
+
+    # -- primitives ----------------------------------------------------------------------
+    def _read(self, fp: str) -> tuple[bytes, object] | None:
+        async def get() -> tuple[bytes, object] | None:
+            s3 = await self._client()
+            try:
+                resp = await s3.get_object(Bucket=self.bucket, Key=self._key(fp))
+            except ClientError as exc:
+                if _missing_key(exc):
+                    return None
+                raise
+            body = resp["Body"]
+            try:
+                data = await read_bounded(body.read, READ_LIMIT)
+            finally:
+                body.close()
+            return data, resp["ETag"]
+
+        return self._run("read", get)
+
+    def _put(self, fp: str, data: bytes, condition: dict[str, str]) -> bool:
+        async def put() -> bool:
+            s3 = await self._client()
+            try:
+                await s3.put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(fp),
+                    Body=data,
+                    ContentType=CONTENT_TYPE,
+                    **self.fs.s3_additional_kwargs,
+                    **condition,
+                )
+            except ClientError as exc:
+                if _lost_race(exc) or ("IfMatch" in condition and _missing_key(exc)):
+                    return False
+                raise
+            return True
+
+        return self._run("write", put)
+
+    def _create(self, fp: str, data: bytes) -> bool:
+        return self._put(fp, data, {"IfNoneMatch": "*"})
+
+    def _replace(self, fp: str, data: bytes, version: object) -> bool:
+        return self._put(fp, data, {"IfMatch": str(version)})
+
+    def _delete(self, fp: str) -> bool:
+        async def delete() -> bool:
+            s3 = await self._client()
+            try:
+                await s3.head_object(Bucket=self.bucket, Key=self._key(fp))
+            except ClientError as exc:
+                if _missing_key(exc):
+                    return False
+                raise
+            await s3.delete_object(Bucket=self.bucket, Key=self._key(fp))
+            return True
+
+        return self._run("delete", delete)
+
+    def _list(self) -> Iterator[str]:
+        token: str | None = None
+        while True:
+
+            async def page(token: str | None = token) -> tuple[list[str], str | None]:
+                s3 = await self._client()
+                extra = {"ContinuationToken": token} if token else {}
+                resp = await s3.list_objects_v2(
+                    Bucket=self.bucket,
+                    Prefix=self._list_prefix,
+                    Delimiter="/",
+                    MaxKeys=self.list_page_size,
+                    **extra,
+                )
+                keys = [o["Key"] for o in resp.get("Contents", [])]
+                more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
+                return keys, more
+
+            keys, token = self._run("list", page)
+            for key in keys:
+                fp = fingerprint_of_name(key[len(self._list_prefix) :])
+                if fp is not None:
+                    yield fp
+            if token is None:
+                return
+
+    def close(self) -> None:
+        """Close the client's connection pool (a later call opens a new one)."""
+        if self._opened:
+            self._opened = False
+
+            async def close() -> None:
+                await (await self.fs.set_session()).close()
+
+            self._run("close", close)
+
+    # -- errors --------------------------------------------------------------------------
+    def translate(self, exc: Exception, action: str) -> PlanStoreError | None:
+        where = f"{self.url}: {action}"
+        if isinstance(exc, ClientError):
+            code, status = _code(exc)
+            what = f"{code or 'error'} (HTTP {status})"
+            if code in DENIED or status in (401, 403):
+                return PlanStorePermissionError(f"{where}: access denied: {what}", cause=exc)
+            if code == "NoSuchBucket":
+                return PlanStoreNotFound(
+                    f"{where}: bucket {self.bucket!r} does not exist", cause=exc
+                )
+            if status >= 500 or status in (408, 429) or code in ("SlowDown", "RequestTimeout"):
+                return PlanStoreUnavailable(f"{where}: server error: {what}", cause=exc)
+            return PlanStoreError(f"{where}: {what}", cause=exc)
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+            return PlanStorePermissionError(f"{where}: no usable credentials", cause=exc)
+        if isinstance(exc, (ConnectionError, HTTPClientError, aiohttp.ClientError, OSError)):
+            return PlanStoreUnavailable(f"{where}: cannot reach the endpoint", cause=exc)
+        if isinstance(exc, BotoCoreError):
+            return PlanStoreError(f"{where}: {type(exc).__name__}", cause=exc)
+        return None

@@ -1,0 +1,79 @@
+"""Session-wide loopback servers for the object-store tests (moto S3, fake-gcs-server).
+
+Each server starts once per session on a free 127.0.0.1 port; each test gets a fresh bucket.
+A counting proxy sits in front of each, reset for every test that asks for it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fake_aws_credentials() -> Iterator[None]:
+    """Fake AWS credentials and no instance-metadata lookups, for every test."""
+    with fake_aws_env():
+        yield
+
+
+@pytest.fixture(scope="session")
+def moto_s3(_fake_aws_credentials: None) -> Iterator[MotoS3]:
+    with MotoS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGCS]:
+    with FakeGCS() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _s3_proxy(moto_s3: MotoS3) -> Iterator[CountingProxy]:
+    with CountingProxy(moto_s3.endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def _gcs_proxy(fake_gcs: FakeGCS) -> Iterator[CountingProxy]:
+    with CountingProxy(fake_gcs.endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def s3_proxy(_s3_proxy: CountingProxy) -> CountingProxy:
+    """The counting proxy in front of moto, with no requests recorded yet."""
+    _s3_proxy.reset()
+    return _s3_proxy
+
+
+@pytest.fixture
+def gcs_proxy(_gcs_proxy: CountingProxy) -> CountingProxy:
+    """The counting proxy in front of fake-gcs-server, with no requests recorded yet."""
+    _gcs_proxy.reset()
+    return _gcs_proxy
+
+
+def _bucket_name() -> str:
+    return f"plancache-{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def s3_bucket(moto_s3: MotoS3) -> str:
+    """A new, empty bucket on the moto server."""
+    name = _bucket_name()
+    moto_s3.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def gcs_bucket(fake_gcs: FakeGCS) -> str:
+    """A new, empty bucket on fake-gcs-server."""
+    name = _bucket_name()
+    fake_gcs.create_bucket(name)
+    return name

@@ -1,0 +1,144 @@
+"""PlanCache: reasons, the time budget, fail-open, logging."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache import PlanCache, PlanStoreError, PutOutcome
+from plancache.backends.local import LocalStore
+from plancache.store import PlanStore
+from tests.plans import FACTORS, GiB, make_plan
+
+
+class SlowStore(LocalStore):
+    """A local store whose reads and writes first sleep (a store that stopped answering)."""
+
+    def __init__(self, root: Path, delay: float) -> None:
+        super().__init__(root)
+        self.delay = delay
+
+    def _read(self, fp: str) -> tuple[bytes, object] | None:
+        time.sleep(self.delay)
+        return super()._read(fp)
+
+    def _create(self, fp: str, data: bytes) -> bool:
+        time.sleep(self.delay)
+        return super()._create(fp, data)
+
+
+class BrokenStore(LocalStore):
+    """A local store whose reads fail the way a given exception says."""
+
+    def __init__(self, root: Path, exc: BaseException) -> None:
+        super().__init__(root)
+        self.exc = exc
+
+    def _read(self, fp: str) -> tuple[bytes, object] | None:
+        raise self.exc
+
+    def _create(self, fp: str, data: bytes) -> bool:
+        raise self.exc
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[PlanStore]:
+    yield LocalStore(tmp_path)
+
+
+def test_miss_then_record_then_hit(store: PlanStore, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "plancache")
+    cache = PlanCache(store)
+    d = cache.lookup(FACTORS, 80 * GiB)
+    assert (d.kv_cache_memory_bytes, d.reason, d.hit) == (None, "miss", False)
+    assert d.fingerprint == make_plan().fingerprint
+    r = cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
+    assert (r.outcome, r.reason, r.fingerprint) == (PutOutcome.CREATED, "created", d.fingerprint)
+    d = cache.lookup(FACTORS, 80 * GiB)
+    assert (d.kv_cache_memory_bytes, d.reason) == (10 * GiB, "hit")
+    assert d.plan is not None and d.plan.producer["host"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("lookup miss fp=" + d.fingerprint[:12] in m and " ms" in m for m in lines)
+    assert any("record created" in m for m in lines)
+    assert any("lookup hit" in m and "kv=10.00GiB" in m for m in lines)
+
+
+def test_gate_rejects_when_less_memory_is_free(store: PlanStore) -> None:
+    cache = PlanCache(store)
+    cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
+    assert cache.lookup(FACTORS, 69 * GiB).reason == "gate:free-memory-below-baseline"
+    for unknown in (None, 0, -5, True, 7.5e10):
+        d = cache.lookup(FACTORS, unknown)
+        assert (d.kv_cache_memory_bytes, d.reason) == (None, "gate:free-memory-unknown")
+
+
+def test_invalid_record_is_a_miss_with_reason(store: PlanStore) -> None:
+    store._create(make_plan().fingerprint, b'{"schema": 1, "torn')
+    d = PlanCache(store).lookup(FACTORS, 80 * GiB)
+    assert (d.kv_cache_memory_bytes, d.reason) == (None, "invalid")
+    assert "JSON" in d.detail
+
+
+def test_bad_factors_and_bad_values_never_raise(store: PlanStore) -> None:
+    cache = PlanCache(store)
+    assert cache.lookup({"x": float("nan")}, 1).reason == "invalid-factors"
+    assert cache.lookup("not a dict", 1).reason == "invalid-factors"  # type: ignore[arg-type]
+    for kv, base in [(-1, 5), (10, 5), (True, 5), (1.5, 5), (1, None)]:
+        r = cache.record(FACTORS, kv_cache_memory_bytes=kv, free_memory_baseline=base)  # type: ignore[arg-type]
+        assert (r.outcome, r.reason) == (None, "invalid-input")
+    r = cache.record({"pad": "x" * 70_000}, kv_cache_memory_bytes=1, free_memory_baseline=1)
+    assert r.reason == "invalid-input"
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [(PlanStoreError("bucket gone"), "store-error"), (RuntimeError("bug"), "error")],
+)
+def test_store_failures_are_misses(tmp_path: Path, exc: BaseException, reason: str) -> None:
+    cache = PlanCache(BrokenStore(tmp_path, exc))
+    d = cache.lookup(FACTORS, 80 * GiB)
+    assert (d.kv_cache_memory_bytes, d.reason) == (None, reason)
+    r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert (r.outcome, r.reason) == (None, reason)
+
+
+def test_a_store_that_stalls_is_cut_off_at_the_budget(tmp_path: Path) -> None:
+    cache = PlanCache(SlowStore(tmp_path, delay=3.0), timeout=0.3)
+    start = time.monotonic()
+    d = cache.lookup(FACTORS, 80 * GiB)
+    r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    elapsed = time.monotonic() - start
+    assert (d.reason, r.reason) == ("timeout", "timeout")
+    assert 0.6 <= elapsed < 1.0
+    assert 0.3 <= d.seconds < 0.5
+
+
+def test_store_factory_is_opened_lazily_and_within_budget(tmp_path: Path) -> None:
+    calls = []
+
+    def slow_factory() -> PlanStore:
+        calls.append(1)
+        time.sleep(2.0)
+        return LocalStore(tmp_path)
+
+    cache = PlanCache(slow_factory, timeout=0.2)
+    assert calls == []
+    start = time.monotonic()
+    assert cache.lookup(FACTORS, 1).reason == "timeout"
+    assert time.monotonic() - start < 0.4
+
+
+def test_from_env_uses_the_configured_directory(tmp_path: Path) -> None:
+    cache = PlanCache.from_env({"PLANCACHE_URL": str(tmp_path), "PLANCACHE_TIMEOUT": "0.5"})
+    assert cache.timeout == 0.5
+    cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert list(LocalStore(tmp_path).iter_fingerprints()) == [make_plan().fingerprint]
+
+
+def test_timeout_must_be_positive(store: PlanStore) -> None:
+    with pytest.raises(ValueError):
+        PlanCache(store, timeout=0)

@@ -1,0 +1,82 @@
+"""Crash safety of the local store: writers killed with SIGKILL mid-write, readers reading."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+from plancache import InvalidPlanError
+from plancache.backends.local import LocalStore
+from tests.plans import GiB, make_plan
+
+KILLS = 50
+KEYS = [make_plan(factors={"model": f"m{i}"}).fingerprint for i in range(3)]
+
+
+def _writer(root: str, seed: int, ready: multiprocessing.synchronize.Event) -> None:
+    """Write, replace and delete plans as fast as possible until killed."""
+    store = LocalStore(root)
+    rng = random.Random(seed)
+    ready.set()
+    while True:
+        factors = {"model": f"m{rng.randrange(3)}"}
+        plan = make_plan(rng.randint(1, 40) * GiB, rng.randint(40, 80) * GiB, factors)
+        store.put(plan)
+        if rng.random() < 0.3:
+            store.delete(plan.fingerprint)
+
+
+def _reader(root: str, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
+    """Read every key in a loop; report (reads, hits, invalid records seen)."""
+    store = LocalStore(root)
+    reads = hits = invalid = 0
+    while not stop.is_set():
+        for fp in KEYS:
+            reads += 1
+            try:
+                hits += store.get(fp) is not None
+            except InvalidPlanError:
+                invalid += 1
+    out.put((reads, hits, invalid))
+
+
+def test_sigkilled_writers_never_expose_a_torn_plan(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    root = str(tmp_path)
+    stop, out = ctx.Event(), ctx.Queue()
+    readers = [ctx.Process(target=_reader, args=(root, stop, out)) for _ in range(2)]
+    for r in readers:
+        r.start()
+    rng = random.Random(1)
+    try:
+        for i in range(KILLS):
+            ready = ctx.Event()
+            writer = ctx.Process(target=_writer, args=(root, i, ready))
+            writer.start()
+            assert ready.wait(10)
+            time.sleep(rng.uniform(0.0, 0.03))
+            assert writer.pid is not None
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.join(10)
+            assert writer.exitcode == -signal.SIGKILL
+    finally:
+        stop.set()
+        results = [out.get(timeout=30) for _ in readers]
+        for r in readers:
+            r.join(10)
+    reads = sum(r[0] for r in results)
+    hits = sum(r[1] for r in results)
+    invalid = sum(r[2] for r in results)
+    assert invalid == 0, f"{invalid} torn or invalid reads out of {reads}"
+    assert reads > 1000 and hits > 0
+    store = LocalStore(root)
+    for fp in store.iter_fingerprints():
+        assert store.get(fp) is not None
+    left = store.temp_files()
+    print(f"reads={reads} hits={hits} temp files left by kills={len(left)}")
+    assert store.remove_stale_temp_files(older_than=0) == len(left)
+    assert store.temp_files() == []

@@ -1,0 +1,78 @@
+"""The generic fsspec store: ``memory://`` (atomic in-process) and a non-atomic protocol."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from plancache import PutOutcome, open_store
+from plancache.backends.generic import FsspecStore
+from tests.conformance import StoreContract
+from tests.plans import make_plan
+
+
+class PlainFileSystem(MemoryFileSystem):
+    """An in-memory filesystem under another protocol: stands in for sftp://, abfs://, ..."""
+
+    protocol = "plancachetest"
+    store: dict[str, Any] = {}  # noqa: RUF012 (fsspec's convention: class-level contents)
+    pseudo_dirs = [""]  # noqa: RUF012
+
+
+fsspec.register_implementation("plancachetest", PlainFileSystem, clobber=True)
+
+
+class TestMemoryContract(StoreContract):
+    supports_processes = False
+
+    @pytest.fixture
+    def store_spec(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        root = f"memory://{uuid.uuid4().hex}/plans"
+        yield root, {}
+        fs = fsspec.filesystem("memory")
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+class TestNonAtomicProtocolContract(StoreContract):
+    """Passes within one process (writes are serialised by a process-wide lock); across
+    processes it is not atomic, so the process race is skipped (documented exception)."""
+
+    supports_processes = False
+
+    @pytest.fixture
+    def store_spec(self) -> tuple[str, dict[str, Any]]:
+        return f"plancachetest://{uuid.uuid4().hex}/plans", {}
+
+
+def test_memory_is_atomic_and_silent(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="plancache")
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    assert isinstance(store, FsspecStore) and store.atomic
+    assert not caplog.records
+
+
+def test_other_protocols_are_not_atomic_and_say_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="plancache")
+    store = open_store(f"plancachetest://{uuid.uuid4().hex}/p")
+    assert isinstance(store, FsspecStore) and not store.atomic
+    plan = make_plan()
+    assert store.put(plan) is PutOutcome.CREATED
+    assert store.put(make_plan(kv=11 << 30)) is PutOutcome.REPLACED
+    assert store.get(plan.fingerprint) is not None
+    warnings = [r for r in caplog.records if "atomic" in r.getMessage()]
+    assert len(warnings) == 1
+    assert store.url in warnings[0].getMessage()
+
+
+def test_unknown_scheme_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown store scheme"):
+        open_store("nosuchproto://x/y")

@@ -1,0 +1,159 @@
+"""The local store: the conformance suite plus what only a filesystem can show."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import PlanStoreError, PutOutcome, open_store
+from plancache.backends.local import LocalStore, default_dir
+from plancache.store import PlanStorePermissionError
+from tests.conformance import StoreContract
+from tests.plans import make_plan
+
+
+class TestLocalContract(StoreContract):
+    @pytest.fixture
+    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+        return str(tmp_path / "plans"), {}
+
+
+class TestFileUrlContract(StoreContract):
+    race_processes = 4
+
+    @pytest.fixture
+    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+        return f"file://{tmp_path}/plans", {}
+
+
+def test_default_dir_follows_vllm_cache_root() -> None:
+    assert default_dir({"VLLM_CACHE_ROOT": "/x/y"}) == Path("/x/y/startup_plan")
+    assert default_dir({"HOME": "/h"}).name == "startup_plan"
+    assert open_store(None).url == str(default_dir())
+
+
+def test_files_are_named_for_standard_tools(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    plan = make_plan()
+    store.put(plan)
+    assert (tmp_path / f"startup_plan_{plan.fingerprint}.json").read_bytes() == plan.encode()
+    assert store.temp_files() == []
+
+
+def test_other_files_in_the_directory_are_ignored(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hi")
+    (tmp_path / "startup_plan_zz.json").write_text("{}")
+    assert list(LocalStore(tmp_path).iter_fingerprints()) == []
+
+
+def test_stale_temp_files_are_removed_and_fresh_ones_kept(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put(make_plan())
+    old = tmp_path / ".startup_plan_x.host.1.abcd.tmp"
+    new = tmp_path / ".startup_plan_y.host.2.ef01.tmp"
+    old.write_bytes(b"{")
+    new.write_bytes(b"{")
+    past = time.time() - 7200
+    os.utime(old, (past, past))
+    assert store.remove_stale_temp_files() == 1
+    assert not old.exists() and new.exists()
+    assert store.remove_stale_temp_files(older_than=0) == 1
+
+
+def _tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Any:
+    mnt = tmp_path / "tiny"
+    if not _tmpfs(mnt, "size=16k"):
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def readonly_tmpfs(tmp_path: Path) -> Any:
+    mnt = tmp_path / "ro"
+    if not _tmpfs(mnt, "size=64k,ro"):
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_is_a_store_error_and_leaves_no_temp_file(tiny_tmpfs: Path) -> None:
+    (tiny_tmpfs / "filler").write_bytes(b"\0" * 12 * 1024)
+    store = LocalStore(tiny_tmpfs)
+    big = make_plan()
+    producer_pad = {"pad": "x" * 20_000}
+    big = type(big).new(
+        dict(big.factors), kv_cache_memory_bytes=1, free_memory_baseline=2, producer=producer_pad
+    )
+    with pytest.raises(PlanStoreError, match="No space"):
+        store.put(big)
+    assert store.temp_files() == []
+    assert store.get(big.fingerprint) is None
+
+
+def test_read_only_filesystem_is_a_permission_error(readonly_tmpfs: Path) -> None:
+    store = LocalStore(readonly_tmpfs / "plans")
+    assert store.get(make_plan().fingerprint) is None
+    with pytest.raises(PlanStorePermissionError, match="Read-only"):
+        store.put(make_plan())
+    with pytest.raises(PlanStorePermissionError):
+        LocalStore(readonly_tmpfs).put(make_plan())
+
+
+UNREADABLE = """
+import os, sys
+from plancache import PlanStoreError, PlanCache
+from plancache.backends.local import LocalStore
+from tests.plans import make_plan
+if os.geteuid() == 0:
+    os.setgid(65534); os.setuid(65534)
+store = LocalStore(sys.argv[1])
+try:
+    store.get(make_plan().fingerprint)
+except PlanStoreError as exc:
+    print(type(exc).__name__, exc)
+d = PlanCache(store).lookup(dict(make_plan().factors), 80 << 30)
+r = PlanCache(store).record(dict(make_plan().factors), kv_cache_memory_bytes=1,
+                            free_memory_baseline=2)
+print(d.reason, r.reason)
+"""
+
+
+def test_unreadable_directory_is_a_permission_error_and_a_miss(tmp_path: Path) -> None:
+    plans = tmp_path / "plans"
+    LocalStore(plans).put(make_plan())
+    plans.chmod(0o000)
+    tmp_path.chmod(0o755)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", UNREADABLE, str(plans)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        plans.chmod(0o755)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("PlanStorePermissionError") and "Permission denied" in lines[0]
+    assert lines[1] == "store-error store-error"
+
+
+def test_put_outcome_values_are_stable() -> None:
+    assert [o.value for o in PutOutcome] == ["created", "replaced", "kept"]

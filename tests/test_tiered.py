@@ -1,0 +1,155 @@
+"""The local tier in front of a remote store, and read-only mode (counted at the remote)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.servers import CountingProxy, MotoS3
+from plancache import PlanCache, PlanStore, PutOutcome, open_store
+from plancache.backends.local import LocalStore
+from plancache.backends.tiered import ReadOnlyStoreError, TieredStore
+from plancache.config import Settings
+from tests.conformance import StoreContract
+from tests.plans import FACTORS, GiB, make_plan
+
+
+class TestTieredS3Contract(StoreContract):
+    """The contract through ``Settings.open_store`` with a local tier. Other processes open
+    ``store_spec`` (the bare remote), which ``TestS3Contract`` already races."""
+
+    supports_processes = False
+
+    @pytest.fixture
+    def store_spec(self, moto_s3: MotoS3, s3_bucket: str) -> tuple[str, dict[str, Any]]:
+        return f"s3://{s3_bucket}/plans", {"endpoint_url": moto_s3.endpoint}
+
+    @pytest.fixture
+    def store(self, store_spec: tuple[str, dict[str, Any]], tmp_path: Path) -> Iterator[PlanStore]:
+        url, options = store_spec
+        settings = Settings(url, local_tier=str(tmp_path / "tier"), storage_options=options)
+        store = settings.open_store()
+        assert isinstance(store, TieredStore)
+        yield store
+        store.close()
+
+
+@pytest.fixture
+def remote(s3_proxy: CountingProxy, s3_bucket: str) -> PlanStore:
+    return open_store(f"s3://{s3_bucket}/p", endpoint_url=s3_proxy.endpoint)
+
+
+def _settings(remote: PlanStore, s3_proxy: CountingProxy, **kw: Any) -> Settings:
+    return Settings(remote.url, storage_options={"endpoint_url": s3_proxy.endpoint}, **kw)
+
+
+def test_remote_hit_backfills_and_local_hit_costs_nothing(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    plan = make_plan()
+    remote.put(plan)
+    tier = LocalStore(tmp_path / "tier")
+    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    s3_proxy.reset()
+    assert store.get(plan.fingerprint) == plan
+    assert len(s3_proxy.requests) == 1
+    assert tier.get(plan.fingerprint) == plan
+    s3_proxy.reset()
+    assert store.get(plan.fingerprint) == plan
+    assert s3_proxy.requests == []
+
+
+def test_write_goes_to_remote_then_local(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    tier = LocalStore(tmp_path / "tier")
+    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    plan = make_plan()
+    assert store.put(plan) is PutOutcome.CREATED
+    assert remote.get(plan.fingerprint) == plan == tier.get(plan.fingerprint)
+
+
+def test_read_only_never_writes_the_remote(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    stored = make_plan()
+    remote.put(stored)
+    tier = LocalStore(tmp_path / "tier")
+    settings = _settings(remote, s3_proxy, local_tier=str(tier.root), read_only=True)
+    store = settings.open_store()
+    s3_proxy.reset()
+    assert store.get(stored.fingerprint) == stored  # reads the remote, backfills local
+    other = make_plan(5 * GiB, 50 * GiB, {"model": "other"})
+    assert store.put(other) is PutOutcome.CREATED  # into the local tier only
+    assert store.put(make_plan(11 * GiB, 60 * GiB)) is PutOutcome.REPLACED
+    store.delete(stored.fingerprint)
+    methods = [m for m, _ in s3_proxy.requests]
+    assert methods == ["GET"], s3_proxy.requests
+    assert tier.get(other.fingerprint) == other
+    assert remote.get(other.fingerprint) is None
+    assert remote.get(stored.fingerprint) == stored
+
+
+def test_read_only_without_tier_refuses_writes(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    store = _settings(remote, s3_proxy, read_only=True).open_store()
+    s3_proxy.reset()
+    with pytest.raises(ReadOnlyStoreError):
+        store.put(make_plan())
+    for write in (store._create, lambda fp, d: store._replace(fp, d, "v")):
+        with pytest.raises(ReadOnlyStoreError):
+            write(make_plan().fingerprint, b"{}")
+    recorded = PlanCache(store, timeout=2.0).record(
+        FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB
+    )
+    assert recorded.reason == "store-error" and recorded.outcome is None
+    assert s3_proxy.requests == []
+
+
+def test_broken_local_tier_never_fails_a_remote_hit(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = make_plan()
+    remote.put(plan)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = TieredStore(remote, local=LocalStore(blocker / "tier"))
+    caplog.set_level(logging.WARNING, logger="plancache")
+    assert store.get(plan.fingerprint) == plan
+    assert any("local tier" in r.getMessage() for r in caplog.records)
+
+
+def test_invalid_local_record_falls_back_to_the_remote(remote: PlanStore, tmp_path: Path) -> None:
+    plan = make_plan()
+    remote.put(plan)
+    tier = LocalStore(tmp_path / "tier")
+    tier._create(plan.fingerprint, b"{")
+    store = TieredStore(remote, local=tier)
+    assert store.get(plan.fingerprint) == plan
+    assert tier.get(plan.fingerprint) == plan  # the invalid record was replaced
+
+
+def test_a_fleet_shares_plans_through_the_environment(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    def env(node: str) -> dict[str, str]:
+        return {
+            "PLANCACHE_URL": f"s3://{s3_bucket}/fleet",
+            "PLANCACHE_LOCAL_TIER": str(tmp_path / node),
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps({"endpoint_url": moto_s3.endpoint}),
+        }
+
+    first = PlanCache.from_env(env("a"))
+    assert first.lookup(FACTORS, current_free_memory=70 * GiB).reason == "miss"
+    rec = first.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
+    assert rec.outcome is PutOutcome.CREATED
+    second = PlanCache.from_env(env("b"))
+    decision = second.lookup(FACTORS, current_free_memory=72 * GiB)
+    assert decision.reason == "hit" and decision.kv_cache_memory_bytes == 10 * GiB
+    assert LocalStore(tmp_path / "b").get(decision.fingerprint or "") is not None
