@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import pty
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import closed_port
 from plancache import Plan, fingerprint, open_store
 from plancache.plan import MAX_RECORD_BYTES
 from plancache.store import object_name
@@ -434,24 +434,32 @@ def test_missing_extra_is_one_line(tmp_path: Path) -> None:
 
 
 # -- S3 and GCS --------------------------------------------------------------------------------
-def _spec(request: pytest.FixtureRequest, name: str) -> tuple[str, dict[str, Any]]:
+def _fixture(request: pytest.FixtureRequest, name: str) -> Any:
     try:
-        spec: tuple[str, dict[str, Any]] = request.getfixturevalue(name)
+        return request.getfixturevalue(name)
     except pytest.FixtureLookupError:
-        pytest.skip(f"no {name!r} fixture: the S3/GCS test servers are not on this branch yet")
-    return spec
+        pytest.skip(f"no {name!r} fixture: the S3/GCS test servers are not on this branch")
+
+
+@pytest.fixture
+def s3_spec(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of a fresh empty store on the S3 test server (moto)."""
+    server, bucket = _fixture(request, "moto_s3"), _fixture(request, "s3_bucket")
+    return f"s3://{bucket}/plans", {"endpoint_url": server.endpoint}
+
+
+@pytest.fixture
+def gcs_spec(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of a fresh empty store on the GCS test server."""
+    server, bucket = _fixture(request, "fake_gcs"), _fixture(request, "gcs_bucket")
+    return f"gs://{bucket}/plans", {"endpoint_url": server.endpoint, "token": "anon"}
 
 
 @pytest.fixture(params=["s3", "gcs"])
 def remote(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """``(url, storage_options)`` of a fresh empty store on the S3 or GCS test server."""
-    return _spec(request, f"{request.param}_spec")
-
-
-@pytest.fixture
-def s3(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """``(url, storage_options)`` of a fresh empty store on the S3 test server."""
-    return _spec(request, "s3_spec")
+    spec: tuple[str, dict[str, Any]] = request.getfixturevalue(f"{request.param}_spec")
+    return spec
 
 
 def test_remote_store_end_to_end(tmp_path: Path, remote: tuple[str, dict[str, Any]]) -> None:
@@ -494,10 +502,10 @@ def test_remote_store_end_to_end(tmp_path: Path, remote: tuple[str, dict[str, An
     assert len(json.loads(ok("ls", "--json", env=env))) == 2
 
 
-def test_s3_errors_are_one_line(s3: tuple[str, dict[str, Any]]) -> None:
-    url, options = s3
+def test_s3_errors_are_one_line(s3_spec: tuple[str, dict[str, Any]]) -> None:
+    url, options = s3_spec
     secret = "hunter2-not-for-logs"
-    dead = {"endpoint_url": f"http://127.0.0.1:{_closed_port()}", "key": "id", "secret": secret}
+    dead = {"endpoint_url": f"http://127.0.0.1:{closed_port()}", "key": "id", "secret": secret}
     result = run("ls", url, "--storage-options", json.dumps(dead))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"plancache: error: {url}: ") and "reach" in result.stderr
@@ -514,10 +522,3 @@ def test_s3_errors_are_one_line(s3: tuple[str, dict[str, Any]]) -> None:
     )
     err = failure("ls", url, "--storage-options", json.dumps(anonymous), env=env)
     assert err.startswith(f"plancache: error: {url}: ") and "credentials" in err
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
