@@ -164,6 +164,19 @@ def test_ls_uses_the_environment(tmp_path: Path, store: tuple[Path, list[Plan], 
     assert err.startswith("plancache: error: PLANCACHE_TIMEOUT='soon'")
 
 
+def test_local_commands_import_no_cloud_client(store: tuple[Path, list[Plan], str]) -> None:
+    root, _, _ = store
+    code = (
+        "import sys; from plancache.cli import main; main(['stats', sys.argv[1]]); "
+        "print(sorted(m for m in ('s3fs', 'gcsfs', 'botocore') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, env=cli_env()
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
 def test_show_by_prefix(store: tuple[Path, list[Plan], str]) -> None:
     root, plans, bad = store
     p = plans[1]
