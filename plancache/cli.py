@@ -34,8 +34,8 @@ from plancache.store import PlanStore, PlanStoreError, redact
 
 T = TypeVar("T")
 GIB = float(1 << 30)
-DEVICE_FACTORS = ("device_name", "device", "gpu_name")
-"""Factors that name the device a plan was recorded on, first match wins."""
+DEVICE_FACTOR = "device_name"
+"""The factor naming the device a plan was recorded on (the vLLM plugin records it)."""
 WORKERS = 8
 """Threads reading or writing records at once (store I/O is latency bound)."""
 PROGRESS_MIN = 20
@@ -48,6 +48,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DEBUG_HELP = "show the traceback of an error"
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
+_URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
 _SORT_HELP = "age: newest first; kv, baseline: largest first; device, fp: A-Z (default: age)"
 
 
@@ -197,11 +198,8 @@ def _resolve(store: PlanStore, prefixes: Sequence[str]) -> list[str]:
 
 
 def _device(plan: Plan) -> str:
-    for name in DEVICE_FACTORS:
-        value = plan.factors.get(name)
-        if value is not None:
-            return str(value)
-    return "-"
+    value = plan.factors.get(DEVICE_FACTOR)
+    return "-" if value is None else str(value)
 
 
 def _host(plan: Plan) -> str:
@@ -548,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_ls,
         "list the plans in a store, one row each (invalid records too, with the reason)",
     )
-    p.add_argument("url", nargs="?", metavar="URL")
+    p.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="age", help=_SORT_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -556,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
         "show", cmd_show, "show a whole record, factors included, by fingerprint or unique prefix"
     )
     p.add_argument("fingerprint", metavar="FP", help="a fingerprint or a unique prefix")
-    p.add_argument("--url", metavar="URL")
+    p.add_argument("--url", metavar="URL", help=_URL_HELP)
     p.add_argument("--json", action="store_true", help="the record as stored (JSON)")
 
     p = command(
@@ -564,32 +562,42 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_verify,
         "check every record against the format's rules; exit 1 if any is invalid",
     )
-    p.add_argument("url", nargs="?", metavar="URL")
+    p.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
     p.add_argument("--fix", action="store_true", help="delete the invalid records")
 
     p = command("rm", cmd_rm, "delete plans by fingerprint or unique prefix")
     p.add_argument("fingerprints", nargs="+", metavar="FP", help="fingerprints or prefixes")
-    p.add_argument("--url", metavar="URL")
+    p.add_argument("--url", metavar="URL", help=_URL_HELP)
 
     p = command(
         "prune",
         cmd_prune,
         "delete plans older than an age, and abandoned temp files of local stores",
     )
-    p.add_argument("url", nargs="?", metavar="URL")
+    p.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
     p.add_argument(
         "--older-than", type=parse_duration, required=True, metavar="AGE", help="30d, 12h, 45m"
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
 
     p = command("cp", cmd_cp, "copy every valid plan from SRC to DST, merging with what DST holds")
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("dst", metavar="DST")
-    p.add_argument("--src-storage-options", dest="src_opts", metavar="JSON", help="for SRC")
-    p.add_argument("--dst-storage-options", dest="dst_opts", metavar="JSON", help="for DST")
+    p.add_argument("src", metavar="SRC", help="store to copy from")
+    p.add_argument("dst", metavar="DST", help="store to copy into (created if need be)")
+    p.add_argument(
+        "--src-storage-options",
+        dest="src_opts",
+        metavar="JSON",
+        help="for SRC (default: --storage-options)",
+    )
+    p.add_argument(
+        "--dst-storage-options",
+        dest="dst_opts",
+        metavar="JSON",
+        help="for DST (default: --storage-options)",
+    )
 
     p = command("stats", cmd_stats, "plan count, bytes, oldest and newest plan, devices seen")
-    p.add_argument("url", nargs="?", metavar="URL")
+    p.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = command(
