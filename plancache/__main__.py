@@ -1,0 +1,5 @@
+"""``python -m plancache``: the ``plancache`` command."""
+
+from plancache.cli import main
+
+raise SystemExit(main())
