@@ -17,7 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_support import child_env
+
+from tests.vllm_support import child_env
 
 pytestmark = [
     pytest.mark.vllm,
@@ -131,7 +132,7 @@ def test_fingerprints_of_real_configs(tmp_path: Path) -> None:
         from vllm.engine.arg_utils import EngineArgs
         import plancache.integrations.vllm as plugin
         from plancache import fingerprint
-        from vllm_support import fake_device_factors
+        from tests.vllm_support import fake_device_factors
         plugin.device_factors = fake_device_factors  # no GPU here
         out = {{}}
         for util in (0.9, 0.5):

@@ -15,7 +15,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from vllm_support import (
+
+import plancache.integrations.vllm as plugin
+from plancache import Plan, PlanCache, open_store
+from tests.vllm_support import (
     ENV_VARS,
     STANDIN,
     TESTS,
@@ -25,9 +28,6 @@ from vllm_support import (
     fake_software_factors,
     load_standin,
 )
-
-import plancache.integrations.vllm as plugin
-from plancache import Plan, PlanCache, open_store
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
