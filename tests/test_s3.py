@@ -10,6 +10,7 @@ import s3fs
 
 from benchmarks.servers import CountingProxy, MotoS3
 from plancache import PutOutcome, open_store
+from plancache.backends import UnsupportedStoreError
 from plancache.backends.s3 import S3Store
 from tests.conformance import StoreContract
 from tests.plans import make_plan
@@ -127,3 +128,9 @@ def test_timeouts_are_storage_options(moto_s3: MotoS3, s3_bucket: str) -> None:
 def test_a_url_without_a_bucket_is_rejected() -> None:
     with pytest.raises(ValueError, match="bucket"):
         open_store("s3://")
+
+
+def test_unknown_storage_option_is_a_clear_error_at_open() -> None:
+    with pytest.raises(UnsupportedStoreError, match=r"unknown S3 storage option.*bogus") as info:
+        open_store("s3://bucket/p", bogus=1, secret="hunter2")
+    assert "hunter2" not in str(info.value)

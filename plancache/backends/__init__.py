@@ -26,7 +26,8 @@ GENERIC = "plancache.backends.generic:FsspecStore"
 
 
 class UnsupportedStoreError(PlanStoreError, ValueError):
-    """The URL names a scheme no backend serves, or its extra is not installed."""
+    """The URL names a scheme no backend serves, its extra is not installed, or the storage
+    options are not ones its backend takes."""
 
 
 def _scheme(url: str) -> str:

@@ -14,11 +14,13 @@ Other storage options go to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import s3fs
+from aiobotocore.session import AioSession
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -31,6 +33,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from plancache.backends import UnsupportedStoreError
 from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
 from plancache.store import (
     CONTENT_TYPE,
@@ -53,6 +56,12 @@ DENIED = {
     "TokenRefreshRequired",
 }
 LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict"}
+_ACCEPTED_OPTIONS = (
+    {*inspect.signature(s3fs.S3FileSystem.__init__).parameters}
+    | {*inspect.signature(AioSession.__init__).parameters}
+    | {"use_listings_cache", "listings_expiry_time", "max_paths"}
+) - {"self", "kwargs", "loop", "asynchronous", "skip_instance_cache"}
+"""Storage options s3fs and its session take (anything else would fail on the first call)."""
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
@@ -86,6 +95,11 @@ class S3Store(ObjectStore):
         config.setdefault(
             "retries", {"total_max_attempts": timeouts.retries + 1, "mode": "standard"}
         )
+        unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
+        if unknown:
+            raise UnsupportedStoreError(
+                f"{self.url}: unknown S3 storage option(s): {', '.join(unknown)}"
+            )
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self._opened = False
 
