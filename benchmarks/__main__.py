@@ -9,12 +9,13 @@ a table to the terminal, ``results.json`` and ``results.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import boot, fleet, local_costs, machine, report
+from benchmarks import boot, fleet, local_costs, machine, report, servers, store_costs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     results["import"] = local_costs.measure_import()
     print("measuring the local store ...", flush=True)
     results["stores"]["local"] = local_costs.measure_local(args.samples)
-    with tempfile.TemporaryDirectory(prefix="plancache-fleet-") as tmp:
-        work = Path(tmp)
-        shared_url, shared_options = f"file://{work}/shared", {}
-        print("simulating the fleet ...", flush=True)
+    if not args.no_remote:
+        print("measuring S3 and GCS on loopback servers ...", flush=True)
+        results["stores"].update(store_costs.measure_remote(args.remote_samples))
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
+        if args.no_remote:
+            shared_url, shared_options = f"file://{work}/shared", {}
+        else:
+            shared_url, shared_options = stack.enter_context(servers.s3_server())
+        results["fleet_store"] = "local directory" if args.no_remote else "s3 (moto, loopback)"
+        print(f"simulating the fleet ({results['fleet_store']}) ...", flush=True)
         results["fleet"] = fleet.simulate(
             work,
             shared_url,
