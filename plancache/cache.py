@@ -130,6 +130,19 @@ class PlanCache:
                 self._store = self._factory()
             return self._store
 
+    def warm(self) -> None:
+        """Start opening the store (importing its client library) in a daemon thread and
+        return at once, so that a later lookup's budget goes to the request alone. Never
+        raises; a failure to open shows up in the next lookup's reason."""
+
+        def open_store() -> None:
+            try:
+                self.store  # noqa: B018 - opening is the point
+            except Exception as exc:
+                log.debug("plancache: warm-up could not open the store: %s", exc)
+
+        threading.Thread(target=open_store, name="plancache-warm", daemon=True).start()
+
     def lookup(self, factors: Mapping[str, Scalar], current_free_memory: object) -> Decision:
         """The KV-cache size to apply for ``factors`` now, or a miss with its reason."""
         start = time.perf_counter()

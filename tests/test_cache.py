@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,3 +143,29 @@ def test_from_env_uses_the_configured_directory(tmp_path: Path) -> None:
 def test_timeout_must_be_positive(store: PlanStore) -> None:
     with pytest.raises(ValueError):
         PlanCache(store, timeout=0)
+
+
+def test_warm_opens_the_store_in_the_background(tmp_path: Path) -> None:
+    opened = threading.Event()
+
+    def slow_factory() -> PlanStore:
+        time.sleep(0.5)
+        opened.set()
+        return LocalStore(tmp_path)
+
+    cache = PlanCache(slow_factory, timeout=0.3)
+    start = time.monotonic()
+    cache.warm()
+    assert time.monotonic() - start < 0.1
+    assert opened.wait(5)
+    assert cache.lookup(FACTORS, 1).reason == "miss"
+
+
+def test_warm_never_raises(tmp_path: Path) -> None:
+    def broken() -> PlanStore:
+        raise PlanStoreError("no such bucket")
+
+    cache = PlanCache(broken, timeout=0.5)
+    cache.warm()
+    time.sleep(0.05)
+    assert cache.lookup(FACTORS, 1).reason == "store-error"

@@ -315,6 +315,21 @@ def test_register_is_idempotent(store_dir: Path, monkeypatch: pytest.MonkeyPatch
     assert worker.events.count("memory-profiling") == 1
 
 
+def test_register_opens_the_store_before_any_lookup(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _install_as_vllm(monkeypatch, load_standin())
+    plugin.register()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        cache = plugin._cache
+        if cache is not None and cache._store is not None:
+            break
+        time.sleep(0.01)
+    assert plugin._cache is not None and plugin._cache._store is not None
+    assert plugin._cache.store.url == str(store_dir)
+
+
 def test_patching_keeps_signatures(gpu: ModuleType) -> None:
     fresh = load_standin()
     for name in plugin.WRAPPED_METHODS:

@@ -85,6 +85,7 @@ def register() -> None:
     """vLLM's entry point. Idempotent and cheap: when enabled, patches the GPU worker now if
     its module is loaded, else when it is first imported; never raises."""
     global _registered
+    patched = False
     with _lock:
         if _registered:
             return
@@ -95,13 +96,21 @@ def register() -> None:
             _route_logs_to_vllm()
             module = sys.modules.get(TARGET_MODULE)
             if module is not None:
-                patch_worker_module(module)
+                patched = patch_worker_module(module)
             elif _module_exists(TARGET_MODULE):
                 sys.meta_path.insert(0, _PatchOnImport())
             else:
                 log.warning("plancache: this vLLM has no %s; plugin inactive", TARGET_MODULE)
         except Exception:
             log.warning("plancache: vLLM plugin failed to register; inactive", exc_info=True)
+    if patched:
+        _safely(_warm)
+
+
+def _warm() -> None:
+    """Open the store in the background while the worker loads its model, so that the
+    lookup's time budget is spent on the request, not on importing a client library."""
+    _get_cache().warm()
 
 
 def _module_exists(name: str) -> bool:
@@ -174,9 +183,12 @@ class _PatchingLoader(importlib.abc.Loader):
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
         try:
-            patch_worker_module(module)
+            patched = patch_worker_module(module)
         except Exception:
             log.warning("plancache: could not patch %s; inactive", module.__name__, exc_info=True)
+            return
+        if patched:
+            _safely(_warm)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
