@@ -9,8 +9,9 @@ the action and a status or error code, never a credential.
 from __future__ import annotations
 
 import asyncio
+import functools
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -18,7 +19,13 @@ from urllib.parse import urlsplit
 from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
-from plancache.store import PlanStore, PlanStoreError, PlanStoreUnavailable, object_name
+from plancache.store import (
+    PlanStore,
+    PlanStoreError,
+    PlanStoreUnavailable,
+    fingerprint_of_name,
+    object_name,
+)
 
 T = TypeVar("T")
 
@@ -99,6 +106,21 @@ class ObjectStore(PlanStore):
     @abstractmethod
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the client library runs on."""
+
+    @abstractmethod
+    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
+        """One page of object keys under the prefix, and the next page's token (None: last)."""
+
+    def _list(self) -> Iterator[str]:
+        token: str | None = None
+        while True:
+            keys, token = self._run("list", functools.partial(self._list_page, token))
+            for key in keys:
+                fp = fingerprint_of_name(key[len(self._list_prefix) :])
+                if fp is not None:
+                    yield fp
+            if token is None:
+                return
 
     @abstractmethod
     def translate(self, exc: Exception, action: str) -> PlanStoreError | None:

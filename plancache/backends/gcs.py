@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -35,7 +35,6 @@ from plancache.store import (
     PlanStoreNotFound,
     PlanStorePermissionError,
     PlanStoreUnavailable,
-    fingerprint_of_name,
     redact,
 )
 
@@ -202,32 +201,20 @@ class GCSStore(ObjectStore):
 
         return self._run("delete", delete)
 
-    def _list(self) -> Iterator[str]:
-        token: str | None = None
-        while True:
-
-            async def page(token: str | None = token) -> tuple[list[str], str | None]:
-                params = {
-                    "prefix": self._list_prefix,
-                    "delimiter": "/",
-                    "fields": "items/name,nextPageToken",
-                    "maxResults": str(self.list_page_size),
-                }
-                if token:
-                    params["pageToken"] = token
-                status, _, body = await self._send("GET", self._objects, params=params)
-                if status != 200:
-                    raise GCSStatusError(status, _reason(body))
-                out = json.loads(body)
-                return [i["name"] for i in out.get("items", [])], out.get("nextPageToken")
-
-            names, token = self._run("list", page)
-            for name in names:
-                fp = fingerprint_of_name(name[len(self._list_prefix) :])
-                if fp is not None:
-                    yield fp
-            if token is None:
-                return
+    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
+        params = {
+            "prefix": self._list_prefix,
+            "delimiter": "/",
+            "fields": "items/name,nextPageToken",
+            "maxResults": str(self.list_page_size),
+        }
+        if token:
+            params["pageToken"] = token
+        status, _, body = await self._send("GET", self._objects, params=params)
+        if status != 200:
+            raise GCSStatusError(status, _reason(body))
+        out = json.loads(body)
+        return [i["name"] for i in out.get("items", [])], out.get("nextPageToken")
 
     def close(self) -> None:
         """Close the HTTP session (a later call opens a new one)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -42,7 +41,6 @@ from plancache.store import (
     PlanStoreNotFound,
     PlanStorePermissionError,
     PlanStoreUnavailable,
-    fingerprint_of_name,
     redact,
 )
 
@@ -174,31 +172,19 @@ class S3Store(ObjectStore):
 
         return self._run("delete", delete)
 
-    def _list(self) -> Iterator[str]:
-        token: str | None = None
-        while True:
-
-            async def page(token: str | None = token) -> tuple[list[str], str | None]:
-                s3 = await self._client()
-                extra = {"ContinuationToken": token} if token else {}
-                resp = await s3.list_objects_v2(
-                    Bucket=self.bucket,
-                    Prefix=self._list_prefix,
-                    Delimiter="/",
-                    MaxKeys=self.list_page_size,
-                    **extra,
-                )
-                keys = [o["Key"] for o in resp.get("Contents", [])]
-                more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
-                return keys, more
-
-            keys, token = self._run("list", page)
-            for key in keys:
-                fp = fingerprint_of_name(key[len(self._list_prefix) :])
-                if fp is not None:
-                    yield fp
-            if token is None:
-                return
+    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
+        s3 = await self._client()
+        extra = {"ContinuationToken": token} if token else {}
+        resp = await s3.list_objects_v2(
+            Bucket=self.bucket,
+            Prefix=self._list_prefix,
+            Delimiter="/",
+            MaxKeys=self.list_page_size,
+            **extra,
+        )
+        keys = [o["Key"] for o in resp.get("Contents", [])]
+        more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
+        return keys, more
 
     def close(self) -> None:
         """Close the client's connection pool (a later call opens a new one)."""
