@@ -41,42 +41,59 @@ def bench_factors(i: int) -> dict[str, Any]:
 
 
 def measure_local(n: int = 2000) -> dict[str, Any]:
-    """p50/p99 of local get-hit, get-miss, lookup-hit, put-create, put-merge and the
-    open+json.load baseline, on a fresh directory."""
-    with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
-        store = LocalStore(Path(tmp) / "startup_plan")
-        plans = [
+    """p50/p99 on a fresh directory: get hit and miss, ``PlanCache`` lookup hit and miss,
+    beside the open+json.load baseline (interleaved); put create, kept (the same plan again)
+    and merge (a dominating plan replaces), and ``PlanCache.record`` (create)."""
+
+    def plans(kv: int, tag: str = "") -> list[Plan]:
+        return [
             Plan.new(
-                bench_factors(i), kv_cache_memory_bytes=60 * GiB, free_memory_baseline=130 * GiB
+                bench_factors(i) | {"tag": tag},
+                kv_cache_memory_bytes=kv,
+                free_memory_baseline=130 * GiB,
             )
             for i in range(n + 20)
         ]
-        create = time_calls(lambda i: store.put(plans[i]), n, warmup=20)
-        merge = time_calls(lambda i: store.put(plans[i]), n, warmup=0)
-        hit_fp = plans[0].fingerprint
+
+    with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
+        store = LocalStore(Path(tmp) / "startup_plan")
+        base, better = plans(60 * GiB), plans(61 * GiB)
+        cache = PlanCache(store)
+        writes = {
+            "put_create": time_calls(lambda i: store.put(base[i]), n),
+            "put_kept": time_calls(lambda i: store.put(base[i]), n),
+            "put_merge": time_calls(lambda i: store.put(better[i]), n),
+            "record": time_calls(
+                lambda i: cache.record(
+                    bench_factors(i) | {"tag": "record"},
+                    kv_cache_memory_bytes=60 * GiB,
+                    free_memory_baseline=130 * GiB,
+                ),
+                n,
+            ),
+        }
+        hit_fp = better[0].fingerprint
         path = store.root / f"startup_plan_{hit_fp}.json"
 
-        def baseline(_: int) -> object:
+        def baseline() -> object:
             with open(path) as f:
                 return json.load(f)
 
-        miss_fp = "f" * 64
-        cache = PlanCache(store)
-        factors = bench_factors(0)
+        hit_factors, miss_factors = dict(better[0].factors), bench_factors(-1)
         reads = time_interleaved(
             {
-                "baseline_open_json_load": lambda: baseline(0),
+                "baseline_open_json_load": baseline,
                 "get_hit": lambda: store.get(hit_fp),
-                "get_miss": lambda: store.get(miss_fp),
-                "lookup_hit": lambda: cache.lookup(factors, 140 * GiB),
+                "get_miss": lambda: store.get("f" * 64),
+                "lookup_hit": lambda: cache.lookup(hit_factors, 140 * GiB),
+                "lookup_miss": lambda: cache.lookup(miss_factors, 140 * GiB),
             },
             n,
         )
-        record_bytes = len(plans[0].encode())
+        record_bytes = len(base[0].encode())
     result: dict[str, Any] = {"record_bytes": record_bytes}
     result.update({name: percentiles(samples) for name, samples in reads.items()})
-    result["put_create"] = percentiles(create)
-    result["put_merge"] = percentiles(merge)
+    result.update({name: percentiles(samples) for name, samples in writes.items()})
     result["hit_over_baseline_p50"] = (
         result["get_hit"]["p50_us"] / result["baseline_open_json_load"]["p50_us"]
     )

@@ -2,7 +2,8 @@
 
 ``measure_remote(n)`` starts moto (S3) and fake-gcs-server (GCS) on loopback and reports, per
 backend, p50/p99 of get_hit, get_miss, put_create, put_merge (a dominating plan: create
-refused, read, compare-and-swap) and put_kept (create refused, read), the first read of a
+refused, read, compare-and-swap), put_kept (create refused, read), ``PlanCache`` lookup_miss,
+lookup_hit and record (the same calls through the cache's time budget), the first read of a
 fresh store (client setup included), and the requests each operation sends (counted by a
 proxy), beside raw s3fs ``cat_file`` (HEAD + GET) as the baseline. Loopback figures measure
 client overhead, not network latency: on a real bucket, add one round trip per request.
@@ -25,7 +26,7 @@ import s3fs
 
 from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 from benchmarks.stats import percentiles
-from plancache import Plan, PlanStore, PutOutcome, open_store
+from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
 from plancache.store import object_name
 
 GiB = 1 << 30
@@ -64,6 +65,29 @@ def _steps(store: PlanStore, n: int, tag: str) -> list[tuple[str, Callable[[], o
     steps += [("get_hit", partial(store.get, p.fingerprint)) for p in base]
     steps += [("put_kept", put(p, PutOutcome.KEPT)) for p in base]
     steps += [("put_merge", put(p, PutOutcome.REPLACED)) for p in better]
+    return steps + _cache_steps(store, n, tag)
+
+
+def _cache_steps(store: PlanStore, n: int, tag: str) -> list[tuple[str, Callable[[], object]]]:
+    """``PlanCache`` lookups (miss, hit) and records (create) over ``store``: the store call
+    plus the cache's bounded thread, validation and log line."""
+    cache = PlanCache(store)
+    factors = [{"bench": f"{tag}-cache", "i": i} for i in range(n)]
+
+    def expect(reason: str, call: Callable[[], Any]) -> Callable[[], object]:
+        def checked() -> None:
+            if (got := call().reason) != reason:
+                raise RuntimeError(f"expected {reason}, got {got}")
+
+        return checked
+
+    def record(f: dict[str, Any]) -> Any:
+        return cache.record(f, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
+
+    steps: list[tuple[str, Callable[[], object]]] = []
+    steps += [("lookup_miss", expect("miss", partial(cache.lookup, f, 80 * GiB))) for f in factors]
+    steps += [("record", expect("created", partial(record, f))) for f in factors]
+    steps += [("lookup_hit", expect("hit", partial(cache.lookup, f, 80 * GiB))) for f in factors]
     return steps
 
 

@@ -24,6 +24,9 @@ def test_measure_remote_reports_requests_per_operation() -> None:
             "get_hit": 1.0,
             "put_kept": 2.0,
             "put_merge": 3.0,
+            "lookup_miss": 1.0,
+            "record": 1.0,
+            "lookup_hit": 1.0,
         }
         for op, p in result[backend].items():
             if op != "requests":
