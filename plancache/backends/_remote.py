@@ -25,6 +25,7 @@ from plancache.store import (
     PlanStoreUnavailable,
     fingerprint_of_name,
     object_name,
+    redact,
 )
 
 T = TypeVar("T")
@@ -85,9 +86,17 @@ class ObjectStore(PlanStore):
     #: Objects per listing request (the services' maximum is 1000).
     list_page_size: int = 1000
 
-    def __init__(self, url: str, timeouts: Timeouts) -> None:
+    #: The fsspec filesystem whose session, credentials and event loop the store uses.
+    fs: Any
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        """Takes plancache's time bounds out of ``options`` (what is left is the client's)."""
         self.scheme, self.bucket, self.prefix = split_url(url)
-        self.timeouts = timeouts
+        self.timeouts = Timeouts.pop_from(options)
+        self._options = redact(options)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, {self._options!r})"
 
     @property
     def url(self) -> str:
@@ -103,9 +112,10 @@ class ObjectStore(PlanStore):
         return f"{self.prefix}/" if self.prefix else ""
 
     @property
-    @abstractmethod
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the client library runs on."""
+        loop: asyncio.AbstractEventLoop = self.fs.loop
+        return loop
 
     @abstractmethod
     async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:

@@ -27,7 +27,7 @@ import aiohttp
 from gcsfs.core import GCSFileSystem, quote
 from google.auth.exceptions import GoogleAuthError
 
-from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
+from plancache.backends._remote import ObjectStore, read_bounded
 from plancache.store import (
     CONTENT_TYPE,
     READ_LIMIT,
@@ -35,7 +35,6 @@ from plancache.store import (
     PlanStoreNotFound,
     PlanStorePermissionError,
     PlanStoreUnavailable,
-    redact,
 )
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -71,12 +70,10 @@ class GCSStore(ObjectStore):
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         options = dict(storage_options)
-        timeouts = Timeouts.pop_from(options)
-        super().__init__(url, timeouts)
-        self._options = redact(options)
+        super().__init__(url, options)
         self.fs = GCSFileSystem(skip_instance_cache=True, **options)
         self._http_timeout = aiohttp.ClientTimeout(
-            sock_connect=timeouts.connect, sock_read=timeouts.read
+            sock_connect=self.timeouts.connect, sock_read=self.timeouts.read
         )
         api = self.fs.base  # "{endpoint}/storage/v1/"
         root = api[: -len("storage/v1/")]
@@ -85,14 +82,6 @@ class GCSStore(ObjectStore):
         self._download = f"{root}download/storage/v1/b/{bucket}/o"
         self._upload = f"{root}upload/storage/v1/b/{bucket}/o"
         self._opened = False
-
-    def __repr__(self) -> str:
-        return f"GCSStore({self.url!r}, {self._options!r})"
-
-    @property
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop: asyncio.AbstractEventLoop = self.fs.loop
-        return loop
 
     async def _send(
         self,

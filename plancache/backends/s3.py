@@ -33,7 +33,7 @@ from botocore.exceptions import (
 )
 
 from plancache.backends import UnsupportedStoreError
-from plancache.backends._remote import ObjectStore, Timeouts, read_bounded
+from plancache.backends._remote import ObjectStore, read_bounded
 from plancache.store import (
     CONTENT_TYPE,
     READ_LIMIT,
@@ -41,7 +41,6 @@ from plancache.store import (
     PlanStoreNotFound,
     PlanStorePermissionError,
     PlanStoreUnavailable,
-    redact,
 )
 
 DENIED = {
@@ -84,14 +83,12 @@ class S3Store(ObjectStore):
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         options = dict(storage_options)
-        timeouts = Timeouts.pop_from(options)
-        super().__init__(url, timeouts)
-        self._options = redact(options)
+        super().__init__(url, options)
         config = dict(options.pop("config_kwargs", None) or {})
-        config.setdefault("connect_timeout", timeouts.connect)
-        config.setdefault("read_timeout", timeouts.read)
+        config.setdefault("connect_timeout", self.timeouts.connect)
+        config.setdefault("read_timeout", self.timeouts.read)
         config.setdefault(
-            "retries", {"total_max_attempts": timeouts.retries + 1, "mode": "standard"}
+            "retries", {"total_max_attempts": self.timeouts.retries + 1, "mode": "standard"}
         )
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
         if unknown:
@@ -100,14 +97,6 @@ class S3Store(ObjectStore):
             )
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self._opened = False
-
-    def __repr__(self) -> str:
-        return f"S3Store({self.url!r}, {self._options!r})"
-
-    @property
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop: asyncio.AbstractEventLoop = self.fs.loop
-        return loop
 
     async def _client(self) -> Any:
         self._opened = True
