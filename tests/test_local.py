@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plancache import PlanStoreError, PutOutcome, open_store
+from plancache import Plan, PlanCache, PlanStoreError, PutOutcome, open_store
 from plancache.backends.local import LocalStore, default_dir
 from plancache.store import PlanStorePermissionError
 from tests.conformance import StoreContract
-from tests.plans import make_plan
+from tests.plans import FACTORS, make_plan
 
 
 class TestLocalContract(StoreContract):
@@ -66,44 +68,49 @@ def test_stale_temp_files_are_removed_and_fresh_ones_kept(tmp_path: Path) -> Non
     assert store.remove_stale_temp_files(older_than=0) == 1
 
 
-def _tmpfs(path: Path, options: str) -> bool:
+@contextlib.contextmanager
+def _tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``path`` for the test (skipped where mounting is not allowed)."""
     path.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
     )
-    return done.returncode == 0
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Any:
-    mnt = tmp_path / "tiny"
-    if not _tmpfs(mnt, "size=16k"):
-        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    with _tmpfs(tmp_path / "tiny", "size=16k") as mnt:
+        yield mnt
 
 
 @pytest.fixture
-def readonly_tmpfs(tmp_path: Path) -> Any:
-    mnt = tmp_path / "ro"
-    if not _tmpfs(mnt, "size=64k,ro"):
-        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def readonly_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    with _tmpfs(tmp_path / "ro", "size=64k,ro") as mnt:
+        yield mnt
 
 
 def test_full_disk_is_a_store_error_and_leaves_no_temp_file(tiny_tmpfs: Path) -> None:
-    (tiny_tmpfs / "filler").write_bytes(b"\0" * 12 * 1024)
+    with open(tiny_tmpfs / "filler", "wb") as f, contextlib.suppress(OSError):
+        f.write(b"\0" * 64 * 1024)  # fills the 16 KiB tmpfs
     store = LocalStore(tiny_tmpfs)
-    big = make_plan()
-    producer_pad = {"pad": "x" * 20_000}
-    big = type(big).new(
-        dict(big.factors), kv_cache_memory_bytes=1, free_memory_baseline=2, producer=producer_pad
+    big = Plan.new(
+        FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2, producer={"pad": "x" * 20_000}
     )
     with pytest.raises(PlanStoreError, match="No space"):
         store.put(big)
     assert store.temp_files() == []
     assert store.get(big.fingerprint) is None
+    cache = PlanCache(store)
+    recorded = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert (recorded.reason, recorded.outcome) == ("store-error", None)
+    assert "No space" in recorded.detail
+    assert store.temp_files() == []
 
 
 def test_read_only_filesystem_is_a_permission_error(readonly_tmpfs: Path) -> None:
@@ -119,7 +126,7 @@ UNREADABLE = """
 import os, sys
 from plancache import PlanStoreError, PlanCache
 from plancache.backends.local import LocalStore
-from tests.plans import make_plan
+from tests.plans import FACTORS, make_plan
 if os.geteuid() == 0:
     os.setgid(65534); os.setuid(65534)
 store = LocalStore(sys.argv[1])
