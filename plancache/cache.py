@@ -18,8 +18,8 @@ from typing import TypeVar
 
 from plancache import __version__
 from plancache.fingerprint import fingerprint
-from plancache.gate import applicable_kv_cache_memory_bytes
-from plancache.plan import InvalidPlanError, Plan, Scalar
+from plancache.gate import gate
+from plancache.plan import InvalidPlanError, Plan, Scalar, UnsupportedSchemaError
 from plancache.store import PlanStore, PlanStoreError, PutOutcome
 
 log = logging.getLogger("plancache")
@@ -31,8 +31,9 @@ GiB = float(1 << 30)
 class Decision:
     """The answer of a lookup. ``kv_cache_memory_bytes`` is None unless ``reason == "hit"``.
 
-    Reasons: ``hit``, ``miss``, ``gate:free-memory-below-baseline``,
-    ``gate:free-memory-unknown``, ``invalid`` (stored record breaks a rule),
+    Reasons: ``hit``, ``miss`` (nothing stored, or a record of another schema version:
+    see ``detail``), ``gate:free-memory-below-baseline``, ``gate:free-memory-unknown``,
+    ``invalid`` (the stored record breaks a rule),
     ``invalid-factors``, ``store-error``, ``timeout``, ``error`` (unexpected).
     """
 
@@ -75,7 +76,7 @@ def _bounded(fn: Callable[[], T], timeout: float) -> T:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # handed to the caller
+        except Exception as exc:  # handed to the caller
             box["error"] = exc
         finally:
             done.set()
@@ -92,6 +93,8 @@ def _describe(exc: BaseException) -> tuple[str, str]:
     """(reason, detail) for a failure of store I/O."""
     if isinstance(exc, _Timeout):
         return "timeout", "store did not answer within the time budget"
+    if isinstance(exc, UnsupportedSchemaError):
+        return "miss", str(exc)
     if isinstance(exc, InvalidPlanError):
         return "invalid", str(exc)
     if isinstance(exc, PlanStoreError):
@@ -152,8 +155,8 @@ class PlanCache:
         detail = ""
         try:
             fp = fingerprint(factors)
-        except (ValueError, TypeError) as exc:
-            reason, detail = "invalid-factors", str(exc)
+        except Exception as exc:  # whatever the caller's mapping raises
+            reason, detail = "invalid-factors", f"{type(exc).__name__}: {exc}"
         else:
             key = fp
             try:
@@ -164,8 +167,7 @@ class PlanCache:
                 if plan is None:
                     reason = "miss"
                 else:
-                    kv = applicable_kv_cache_memory_bytes(plan, current_free_memory)
-                    reason = "hit" if kv is not None else _gate_reason(current_free_memory)
+                    kv, reason = gate(plan, current_free_memory)
         decision = Decision(kv, reason, fp, time.perf_counter() - start, plan, detail)
         _log_lookup(decision, current_free_memory)
         return decision
@@ -191,8 +193,8 @@ class PlanCache:
                 producer={"host": socket.gethostname(), "plancache": __version__},
             )
             plan.encode()
-        except (ValueError, TypeError) as exc:
-            reason, detail = "invalid-input", str(exc)
+        except Exception as exc:  # whatever the caller's values raise
+            reason, detail = "invalid-input", f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
             try:
@@ -215,21 +217,14 @@ class PlanCache:
         return result
 
 
-def _gate_reason(current_free_memory: object) -> str:
-    known = isinstance(current_free_memory, int) and not isinstance(current_free_memory, bool)
-    if known and current_free_memory > 0:  # type: ignore[operator]
-        return "gate:free-memory-below-baseline"
-    return "gate:free-memory-unknown"
-
-
 def _short(fp: str | None) -> str:
     return fp[:12] if fp else "-"
 
 
 def _gib(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int and abs(value) < 2**63:
         return f"{value / GiB:.2f}GiB"
-    return repr(value)
+    return f"{value!r:.40}"
 
 
 def _log_lookup(d: Decision, current_free_memory: object) -> None:

@@ -32,6 +32,14 @@ class InvalidPlanError(ValueError):
     """A record breaks a rule of the plan format; it is never applied."""
 
 
+class UnsupportedSchemaError(InvalidPlanError):
+    """A record of another schema version (e.g. from a newer plancache): never applied, never
+    overwritten or deleted by this version; a miss for the cache."""
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _check_factors(factors: object) -> dict[str, Scalar]:
     if not isinstance(factors, Mapping):
         raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
@@ -42,24 +50,25 @@ def _check_factors(factors: object) -> dict[str, Scalar]:
         if type(key) is not str:
             raise InvalidPlanError(f"factor names must be strings, got {key!r}")
         kind = type(value)
-        if kind is str or kind is bool or value is None:
-            continue
-        if kind is float or isinstance(value, float):
-            if not math.isfinite(value):
-                raise InvalidPlanError(f"factor {key!r} is not a finite number: {value!r}")
-        elif kind is int or (isinstance(value, int) and not isinstance(value, bool)):
-            if not _MIN_FACTOR_INT <= value < _FACTOR_INT_LIMIT:
-                raise InvalidPlanError(f"factor {key!r} is outside the 64-bit range")
-        elif not isinstance(value, (str, bool)):
+        # exact types only: subclasses (numpy.float64, str enums) do not encode alike everywhere
+        if kind not in _SCALARS:
             raise InvalidPlanError(
                 f"factor {key!r} must be str, int, float, bool or None, not {kind.__name__}"
             )
+        if kind is float and not math.isfinite(value):
+            raise InvalidPlanError(f"factor {key!r} is not a finite number: {value!r}")
+        if kind is int and not _MIN_FACTOR_INT <= value < _FACTOR_INT_LIMIT:
+            raise InvalidPlanError(f"factor {key!r} is outside the 64-bit range")
     return out
+
+
+def _encode_checked(factors: dict[str, Scalar]) -> bytes:
+    return orjson.dumps(factors, option=orjson.OPT_SORT_KEYS)
 
 
 def canonical(factors: Mapping[str, Scalar]) -> bytes:
     """Canonical bytes of ``factors``: orjson, sorted keys, no whitespace. Frozen format."""
-    return orjson.dumps(_check_factors(factors), option=orjson.OPT_SORT_KEYS)
+    return _encode_checked(_check_factors(factors))
 
 
 def digest(factors: Mapping[str, Scalar]) -> str:
@@ -67,15 +76,11 @@ def digest(factors: Mapping[str, Scalar]) -> str:
     return hashlib.sha256(canonical(factors)).hexdigest()
 
 
-def _digest_checked(factors: dict[str, Scalar]) -> str:
-    return hashlib.sha256(orjson.dumps(factors, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
 def _positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidPlanError(f"{name} must be an int, not {type(value).__name__}")
     if not 0 < value <= _MAX_INT:
-        raise InvalidPlanError(f"{name} must be in 1..2**63-1, got {value}")
+        raise InvalidPlanError(f"{name} must be in 1..2**63-1, got {value!r:.40}")
     return value
 
 
@@ -92,7 +97,7 @@ class Plan:
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA or isinstance(self.schema, bool):
+        if type(self.schema) is not int or self.schema != SCHEMA:
             raise InvalidPlanError(f"unsupported schema {self.schema!r} (expected {SCHEMA})")
         factors = _check_factors(self.factors)
         kv = _positive_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
@@ -101,7 +106,10 @@ class Plan:
             raise InvalidPlanError(
                 f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
             )
-        if not isinstance(self.fingerprint, str) or self.fingerprint != _digest_checked(factors):
+        if (
+            not isinstance(self.fingerprint, str)
+            or self.fingerprint != hashlib.sha256(_encode_checked(factors)).hexdigest()
+        ):
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
         created = self.created_at
         if isinstance(created, bool) or not isinstance(created, (int, float)):
@@ -161,8 +169,8 @@ class Plan:
         """Parse and validate a record. Raises only :class:`InvalidPlanError`.
 
         ``expected_fingerprint`` (the key the record was read under) must match the body.
-        Unknown top-level fields are ignored; another ``schema`` is invalid here and a miss
-        for the cache.
+        Unknown top-level fields are ignored; another integer ``schema`` raises
+        :class:`UnsupportedSchemaError` (a miss for the cache; stores never overwrite it).
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
@@ -174,11 +182,14 @@ class Plan:
             raise InvalidPlanError(f"record is not valid JSON: {exc}") from exc
         if not isinstance(obj, dict):
             raise InvalidPlanError("record must be a JSON object")
+        schema = obj.get("schema")
+        if type(schema) is int and schema != SCHEMA:
+            raise UnsupportedSchemaError(
+                f"record has schema {schema}; this plancache reads {SCHEMA}"
+            )
         missing = [k for k in _FIELDS if k not in obj]
         if missing:
             raise InvalidPlanError(f"record lacks {', '.join(missing)}")
-        if obj["schema"] != SCHEMA or isinstance(obj["schema"], bool):
-            raise InvalidPlanError(f"unsupported schema {obj['schema']!r} (expected {SCHEMA})")
         if expected_fingerprint is not None and obj["fingerprint"] != expected_fingerprint:
             raise InvalidPlanError("record's fingerprint does not match the key it is stored under")
         return cls(**{k: obj[k] for k in _FIELDS})

@@ -15,7 +15,7 @@ from typing import Any
 
 from plancache.fingerprint import validate_key
 from plancache.gate import dominates
-from plancache.plan import MAX_RECORD_BYTES, InvalidPlanError, Plan
+from plancache.plan import MAX_RECORD_BYTES, InvalidPlanError, Plan, UnsupportedSchemaError
 
 log = logging.getLogger("plancache")
 
@@ -147,8 +147,9 @@ class PlanStore(ABC):
 
     def put(self, plan: Plan) -> PutOutcome:
         """Store ``plan`` with merge semantics: create, else replace a stored plan it
-        dominates (or an invalid record), else keep the stored one. Lost races retry, at
-        most ``max_put_attempts`` times, then ``PlanStoreConflict``."""
+        dominates (or an invalid record), else keep the stored one (also a record of another
+        schema version). Lost races retry, at most ``max_put_attempts`` times, then
+        ``PlanStoreConflict``."""
         fp = validate_key(plan.fingerprint)
         data = plan.encode()
         for _ in range(self.max_put_attempts):
@@ -160,6 +161,8 @@ class PlanStore(ABC):
             raw, version = found
             try:
                 stored = Plan.decode(raw, expected_fingerprint=fp)
+            except UnsupportedSchemaError:
+                return PutOutcome.KEPT  # another version's record: not ours to replace
             except InvalidPlanError as exc:
                 log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
             else:

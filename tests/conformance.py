@@ -12,11 +12,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
 from plancache.gate import dominates
-from plancache.plan import MAX_RECORD_BYTES
+from plancache.plan import MAX_RECORD_BYTES, UnsupportedSchemaError
 from tests.plans import GiB, make_plan
 
 BAD_KEYS = [
@@ -123,6 +124,15 @@ class StoreContract:
             store.get(plan.fingerprint)
         assert store.put(plan) is PutOutcome.REPLACED
         assert store.get(plan.fingerprint) == plan
+
+    def test_record_of_another_schema_version_is_never_overwritten(self, store: PlanStore) -> None:
+        plan = make_plan()
+        newer = orjson.dumps({"schema": 2, "fingerprint": plan.fingerprint, "future": [1]})
+        assert store._create(plan.fingerprint, newer)
+        with pytest.raises(UnsupportedSchemaError):
+            store.get(plan.fingerprint)
+        assert store.put(make_plan(kv=20 * GiB)) is PutOutcome.KEPT
+        assert store.read_raw(plan.fingerprint) == newer
 
     def test_record_stored_under_another_key_is_invalid(self, store: PlanStore) -> None:
         plan, other = make_plan(), make_plan(factors={"model": "other"})

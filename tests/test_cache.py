@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -169,3 +169,39 @@ def test_warm_never_raises(tmp_path: Path) -> None:
     cache.warm()
     time.sleep(0.05)
     assert cache.lookup(FACTORS, 1).reason == "store-error"
+
+
+def test_a_newer_schema_record_is_a_miss_and_is_kept(store: PlanStore) -> None:
+    fp = make_plan().fingerprint
+    store._create(fp, b'{"schema": 2, "fingerprint": "%s"}' % fp.encode())
+    cache = PlanCache(store)
+    d = cache.lookup(FACTORS, 80 * GiB)
+    assert (d.kv_cache_memory_bytes, d.reason) == (None, "miss")
+    assert "schema 2" in d.detail
+    r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert r.outcome is PutOutcome.KEPT
+
+
+class ExplodingFactors(Mapping[str, int]):
+    """A mapping whose reads fail (a caller's broken factor source)."""
+
+    def __getitem__(self, key: str) -> int:
+        raise RuntimeError("factor source broke")
+
+    def __iter__(self) -> Iterator[str]:
+        raise RuntimeError("factor source broke")
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_hostile_values_never_raise(store: PlanStore) -> None:
+    cache = PlanCache(store)
+    huge = 10**400
+    r = cache.record(FACTORS, kv_cache_memory_bytes=huge, free_memory_baseline=huge)
+    assert r.reason == "invalid-input"
+    cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert cache.lookup(FACTORS, huge).reason == "hit"
+    d = cache.lookup(ExplodingFactors(), 1)
+    assert (d.reason, d.fingerprint) == ("invalid-factors", None)
+    assert "factor source broke" in d.detail

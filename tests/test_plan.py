@@ -61,6 +61,8 @@ def test_key_order_does_not_matter() -> None:
         {"a": 2**64},
         {"a": -(2**63) - 1},
         {"a": b"bytes"},
+        {"a": type("Float64", (float,), {})(1.5)},
+        {"a": type("Name", (str,), {})("x")},
         ["a"],
         None,
     ],
@@ -101,8 +103,10 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"schema": 2}, "schema"),
+        ({"schema": 2}, "schema 2"),
         ({"schema": True}, "schema"),
+        ({"schema": 1.0}, "schema"),
+        ({"schema": "1"}, "schema"),
         ({"kv_cache_memory_bytes": True}, "int"),
         ({"free_memory_baseline": 1.5e11}, "int"),
         ({"kv_cache_memory_bytes": -1}, "1..2"),
