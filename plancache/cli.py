@@ -26,10 +26,10 @@ import orjson
 
 from plancache import __version__
 from plancache.backends import open_store
-from plancache.backends.local import STALE_TEMP_SECONDS, LocalStore
+from plancache.backends.local import LocalStore
 from plancache.config import Settings, is_remote
 from plancache.fingerprint import fingerprint
-from plancache.plan import InvalidPlanError, Plan, canonical
+from plancache.plan import InvalidPlanError, Plan, UnsupportedSchemaError, canonical
 from plancache.store import PlanStore, PlanStoreError, redact
 
 T = TypeVar("T")
@@ -64,6 +64,8 @@ class Entry:
     raw: bytes
     plan: Plan | None
     error: str | None = None
+    other_schema: bool = False
+    """A record of another schema version: not this version's to judge or delete."""
 
 
 # -- shared helpers ----------------------------------------------------------------------------
@@ -93,22 +95,22 @@ def _open(
     *,
     flag: str = "--storage-options",
     must_exist: bool = True,
+    shared_for_local: bool = True,
 ) -> PlanStore:
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``options`` (the JSON given to ``flag``),
-    else ``--storage-options``, else those of the environment (remote stores only); ``main``
-    closes it. A local store that must exist but does not is an error."""
-    if options is None:
-        options, flag = args.storage_options, "--storage-options"
-    settings = None
-    if url is None or (options is None and is_remote(url)):
-        settings = Settings.from_env()
-        url = settings.url if url is None else url
+    else ``--storage-options`` (unless ``shared_for_local`` is False and the store is local),
+    else, for a remote store, those of the environment; ``main`` closes it. A local store
+    that must exist but does not is an error."""
+    settings = Settings.from_env() if url is None else None
+    url = settings.url if settings is not None else url
     assert url is not None
+    if options is None and (shared_for_local or is_remote(url)):
+        options, flag = args.storage_options, "--storage-options"
     storage_options: dict[str, Any] = {}
     if options is not None:
         storage_options = _parse_options(options, flag)
-    elif settings is not None and is_remote(url):
-        storage_options = dict(settings.storage_options)
+    elif is_remote(url):
+        storage_options = dict((settings or Settings.from_env()).storage_options)
     store = open_store(url, **storage_options)
     args.opened.append(store)
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
@@ -166,7 +168,7 @@ def _read_entry(store: PlanStore, fp: str) -> Entry | None:
     try:
         return Entry(fp, raw, Plan.decode(raw, expected_fingerprint=fp))
     except InvalidPlanError as exc:
-        return Entry(fp, raw, None, str(exc))
+        return Entry(fp, raw, None, str(exc), isinstance(exc, UnsupportedSchemaError))
 
 
 def _scan(store: PlanStore) -> list[Entry]:
@@ -369,13 +371,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every record; exit 1 if invalid ones remain (``--fix`` deletes them)."""
     store = _open(args, args.url)
     entries = _scan(store)
-    bad = [e for e in entries if e.plan is None]
+    bad = [e for e in entries if e.plan is None and not e.other_schema]
+    for e in entries:
+        if e.other_schema:
+            print(f"{e.fingerprint}  {e.error} (another version's record: kept)")
     deleted = 0
     for e in bad:
         note = ""
         if args.fix:
             again = _read_entry(store, e.fingerprint)  # a writer may have replaced it since
-            if again is None or again.plan is None:
+            if again is None or (again.plan is None and not again.other_schema):
                 store.delete(e.fingerprint)
                 deleted += 1
                 note = "  (deleted)"
@@ -415,7 +420,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"{verb} {e.fingerprint}  {_age(now - e.plan.created_at)} old  {_device(e.plan)}")
     summary = f"{verb} {_n(pruned, 'plan')} older than {_age(args.older_than)} in {store.url}"
     if isinstance(store, LocalStore):
-        temps = _stale_temp_files(store) if args.dry_run else store.remove_stale_temp_files()
+        temps = store.remove_stale_temp_files(dry_run=args.dry_run)
         summary += f", and {_n(temps, 'abandoned temp file')}"
     invalid = sum(e.plan is None for e in entries)
     if invalid:
@@ -424,21 +429,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stale_temp_files(store: LocalStore) -> int:
-    cutoff = time.time() - STALE_TEMP_SECONDS
-    count = 0
-    for path in store.temp_files():
-        try:
-            count += path.stat().st_mtime <= cutoff
-        except FileNotFoundError:
-            continue
-    return count
-
-
 def cmd_cp(args: argparse.Namespace) -> int:
     """Copy every valid plan from SRC into DST with merge semantics (``DST.put``)."""
-    src = _open(args, args.src, args.src_opts, flag="--src-storage-options")
-    dst = _open(args, args.dst, args.dst_opts, flag="--dst-storage-options", must_exist=False)
+    # --storage-options serves whichever side is remote; the other may be a local path
+    src = _open(args, args.src, args.src_opts, flag="--src-storage-options", shared_for_local=False)
+    dst = _open(
+        args,
+        args.dst,
+        args.dst_opts,
+        flag="--dst-storage-options",
+        must_exist=False,
+        shared_for_local=False,
+    )
     fps = sorted(src.iter_fingerprints())
     progress = None
     if len(fps) > PROGRESS_MIN and sys.stderr.isatty():

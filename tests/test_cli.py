@@ -241,7 +241,10 @@ def test_verify_reports_every_rule_and_fix_deletes(store: tuple[Path, list[Plan]
             key("other"),
             record_bytes(factors={"r": "sum"}, fingerprint=key("other")),
         ),
-        "unsupported schema": (key("schema"), record_bytes(factors={"r": "schema"}, schema=2)),
+        "unsupported schema '1'": (
+            key("schema"),
+            record_bytes(factors={"r": "schema"}, schema="1"),
+        ),
         "over 65536 bytes": (
             key("big"),
             record_bytes(factors={"r": "big"}, pad="x" * MAX_RECORD_BYTES),
@@ -257,20 +260,30 @@ def test_verify_reports_every_rule_and_fix_deletes(store: tuple[Path, list[Plan]
     write_raw(root, moved, plans[0].encode())
     names[moved] = "does not match the key"
     names[bad] = "exceeds free_memory_baseline"
+    newer = key("newer")  # a newer plancache's record: reported, never counted or deleted
+    write_raw(root, newer, b'{"schema": 2, "fingerprint": "%s"}' % newer.encode())
+    kept_line = (
+        f"{newer}  record has schema 2; this plancache reads 1 (another version's record: kept)"
+    )
 
     result = run("verify", str(root))
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
-    reported = dict(line.split("  ", 1) for line in lines[:-1])
+    assert lines[0] == kept_line
+    reported = dict(line.split("  ", 1) for line in lines[1:-1])
     assert set(reported) == set(names)
     for fp, reason in names.items():
         assert reason in reported[fp], (reason, reported[fp])
-    assert lines[-1] == f"{3 + len(names)} records checked in {root}: {len(names)} invalid"
+    assert lines[-1] == f"{4 + len(names)} records checked in {root}: {len(names)} invalid"
 
     fixed = ok("verify", str(root), "--fix")
     assert fixed.count("(deleted)") == len(names)
-    assert ok("verify", str(root)).splitlines() == [f"3 records checked in {root}: 0 invalid"]
-    assert sorted(open_store(str(root)).iter_fingerprints()) == sorted(p.fingerprint for p in plans)
+    assert ok("verify", str(root)).splitlines() == [
+        kept_line,
+        f"4 records checked in {root}: 0 invalid",
+    ]
+    left = sorted(open_store(str(root)).iter_fingerprints())
+    assert left == sorted([newer, *(p.fingerprint for p in plans)])
 
 
 def test_rm(store: tuple[Path, list[Plan], str]) -> None:
@@ -353,16 +366,20 @@ def test_cp_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     )
     os.close(slave)
     seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the command closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    stdout, _ = proc.communicate(timeout=60)
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        stdout, _ = proc.communicate(timeout=60)
+    finally:  # pytest-timeout may interrupt the read: never leave the command running
+        os.close(master)
+        proc.kill()
+        proc.wait(10)
     assert proc.returncode == 0
     assert b"copying [" in seen and b"] 25/25" in seen
     assert b"25 created" in stdout
@@ -476,7 +493,8 @@ def test_remote_store_end_to_end(tmp_path: Path, remote: tuple[str, dict[str, An
     rows = json.loads(ok("ls", url, "--json", "--storage-options", opts))
     fps = sorted(r["fingerprint"] for r in rows)
     assert fps == sorted(set(open_store(str(local)).iter_fingerprints()) - {bad})
-    assert "3 created" not in ok("cp", str(local), url, "--dst-storage-options", opts)
+    # the shared --storage-options flag applies to the remote side only
+    assert "0 created, 0 replaced, 3 kept" in ok("cp", str(local), url, "--storage-options", opts)
 
     env = cli_env(PLANCACHE_URL=url, PLANCACHE_STORAGE_OPTIONS=opts)
     stats = json.loads(ok("stats", "--json", env=env))

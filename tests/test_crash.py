@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 import signal
 import time
@@ -48,26 +47,30 @@ def test_sigkilled_writers_never_expose_a_torn_plan(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     root = str(tmp_path)
     stop, out = ctx.Event(), ctx.Queue()
-    readers = [ctx.Process(target=_reader, args=(root, stop, out)) for _ in range(2)]
+    readers = [ctx.Process(target=_reader, args=(root, stop, out), daemon=True) for _ in range(2)]
     for r in readers:
         r.start()
     rng = random.Random(1)
+    writer = None
     try:
         for i in range(KILLS):
             ready = ctx.Event()
-            writer = ctx.Process(target=_writer, args=(root, i, ready))
+            writer = ctx.Process(target=_writer, args=(root, i, ready), daemon=True)
             writer.start()
             assert ready.wait(10)
             time.sleep(rng.uniform(0.0, 0.03))
-            assert writer.pid is not None
-            os.kill(writer.pid, signal.SIGKILL)
+            writer.kill()
             writer.join(10)
             assert writer.exitcode == -signal.SIGKILL
-    finally:
         stop.set()
         results = [out.get(timeout=30) for _ in readers]
-        for r in readers:
-            r.join(10)
+    finally:  # never leave a writer or reader running, whatever failed
+        stop.set()
+        for p in [*readers, *([writer] if writer else [])]:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
     reads = sum(r[0] for r in results)
     hits = sum(r[1] for r in results)
     invalid = sum(r[2] for r in results)

@@ -71,8 +71,8 @@ class LocalStore(PlanStore):
     """Plans as ``startup_plan_{fp}.json`` files in one directory (created on first write)."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        self.root = Path(root) if root is not None else default_dir()
-        self.root = Path(os.path.abspath(os.path.expanduser(self.root)))
+        path = default_dir() if root is None else Path(root)
+        self.root = Path(os.path.abspath(os.path.expanduser(path)))
         self._root = str(self.root)
 
     @property
@@ -208,15 +208,19 @@ class LocalStore(PlanStore):
         except OSError as exc:
             raise _store_error(self.root, "list", exc) from exc
 
-    def remove_stale_temp_files(self, older_than: float = STALE_TEMP_SECONDS) -> int:
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False
+    ) -> int:
         """Delete temp files older than ``older_than`` seconds (left by killed writers);
-        returns how many were removed. Younger ones may belong to a live writer."""
+        returns how many were (or, with ``dry_run``, would be) removed. Younger ones may
+        belong to a live writer."""
         cutoff = time.time() - older_than
         removed = 0
         for path in self.temp_files():
             try:
                 if path.stat().st_mtime <= cutoff:
-                    path.unlink()
+                    if not dry_run:
+                        path.unlink()
                     removed += 1
             except FileNotFoundError:
                 continue
