@@ -160,7 +160,11 @@ class PlanCache:
         else:
             key = fp
             try:
-                plan = _bounded(lambda: self.store.get(key), self.timeout)
+
+                def usable(p: Plan) -> bool:
+                    return gate(p, current_free_memory)[0] is not None
+
+                plan = _bounded(lambda: self.store.find(key, usable), self.timeout)
             except Exception as exc:
                 reason, detail = _describe(exc)
             else:

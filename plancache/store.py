@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from plancache.fingerprint import validate_key
@@ -144,6 +144,11 @@ class PlanStore(ABC):
         if found is None:
             return None
         return Plan.decode(found[0], expected_fingerprint=fp)
+
+    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
+        """Like ``get``; stores with several tiers keep looking while the plan they found
+        is not ``usable`` (e.g. the gate rejects it), and return the best they found."""
+        return self.get(fp)
 
     def put(self, plan: Plan) -> PutOutcome:
         """Store ``plan`` with merge semantics: create, else replace a stored plan it

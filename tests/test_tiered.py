@@ -153,3 +153,50 @@ def test_a_fleet_shares_plans_through_the_environment(
     decision = second.lookup(FACTORS, current_free_memory=72 * GiB)
     assert decision.reason == "hit" and decision.kv_cache_memory_bytes == 10 * GiB
     assert LocalStore(tmp_path / "b").get(decision.fingerprint or "") is not None
+
+
+def test_a_plan_the_gate_rejects_locally_is_looked_up_in_the_remote(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    tier = LocalStore(tmp_path / "tier")
+    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    cache = PlanCache(store)
+    cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=80 * GiB)
+    better = make_plan(10 * GiB, 70 * GiB)  # recorded by a node with less free memory
+    assert remote.put(better) is PutOutcome.REPLACED
+    s3_proxy.reset()
+    d = cache.lookup(FACTORS, 75 * GiB)  # the local plan (80 GiB baseline) cannot apply
+    assert (d.reason, d.plan) == ("hit", better)
+    assert len(s3_proxy.requests) == 1
+    assert tier.get(better.fingerprint) == better  # the remote's plan replaced the local one
+    s3_proxy.reset()
+    assert cache.lookup(FACTORS, 75 * GiB).reason == "hit"
+    assert s3_proxy.requests == []
+
+
+def test_the_local_tier_learns_the_plan_the_remote_kept(
+    remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    stored = make_plan(20 * GiB, 60 * GiB)
+    remote.put(stored)
+    tier = LocalStore(tmp_path / "tier")
+    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    assert store.put(make_plan(10 * GiB, 70 * GiB)) is PutOutcome.KEPT
+    assert tier.get(stored.fingerprint) == stored
+
+
+def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> None:
+    from benchmarks.servers import closed_port
+
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    tier = LocalStore(tmp_path / "tier")
+    settings = Settings(
+        "s3://bucket/p", local_tier=str(tier.root), storage_options={"endpoint_url": endpoint}
+    )
+    recorded = PlanCache(settings.open_store).record(
+        FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB
+    )
+    assert (recorded.outcome, recorded.reason) == (None, "store-error")
+    kept = tier.get(make_plan().fingerprint)
+    assert kept is not None
+    assert (kept.kv_cache_memory_bytes, kept.free_memory_baseline) == (10 * GiB, 70 * GiB)

@@ -1,14 +1,15 @@
 """A local directory tier in front of a remote store, with an optional read-only mode.
 
-Reads: local first, then remote; a remote hit is backfilled into the local tier.
-Writes: remote first (skipped in read-only mode), then local. The local tier is a cache:
+Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
+caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
+local tier. Writes: remote first (skipped in read-only mode), then local. The local tier is a cache:
 its failures are logged and never fail a read or write that the remote served.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from plancache.plan import InvalidPlanError, Plan
 from plancache.store import PlanStore, PlanStoreError, PutOutcome
@@ -63,38 +64,66 @@ class TieredStore(PlanStore):
             raise ReadOnlyStoreError(f"{self.url} is opened read-only")
 
     def get(self, fp: str) -> Plan | None:
-        """Local tier first; on a local miss or invalid record, the remote (backfilled)."""
-        if self.local is not None:
-            try:
-                plan = self.local.get(fp)
-            except (InvalidPlanError, PlanStoreError) as exc:
-                log.warning("plancache: local tier %s: %s", self.local.url, exc)
-            else:
-                if plan is not None:
-                    return plan
+        """The local tier's plan, else the remote's (copied into the local tier)."""
+        return self.find(fp, lambda plan: True)
+
+    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
+        """The local tier's plan if ``usable`` accepts it; else the remote's (copied into the
+        local tier, where it replaces a plan it dominates), else the local one."""
+        local = self._get_local(fp)
+        if local is not None and usable(local):
+            return local
         plan = self.remote.get(fp)
-        if plan is not None and self.local is not None:
+        if plan is None:
+            return local
+        if plan != local:
             self._put_local(plan)
         return plan
 
     def put(self, plan: Plan) -> PutOutcome:
-        """The remote's outcome (merge semantics), then the plan into the local tier.
-        Read-only: the local tier's outcome; without a local tier, ``ReadOnlyStoreError``."""
+        """The remote's outcome (merge semantics); the local tier then gets the plan the
+        remote keeps. If the remote fails, the local tier still gets ``plan`` (this node
+        need not profile again) and the error is raised. Read-only: the local tier's
+        outcome; without a local tier, ``ReadOnlyStoreError``."""
         if self.read_only:
             if self.local is None:
                 raise ReadOnlyStoreError(f"{self.url} is opened read-only and has no local tier")
             return self.local.put(plan)
-        outcome = self.remote.put(plan)
+        try:
+            outcome = self.remote.put(plan)
+        except PlanStoreError:
+            if self.local is not None:
+                self._put_local(plan)
+            raise
         if self.local is not None:
-            self._put_local(plan)
+            winner: Plan | None = plan
+            if outcome is PutOutcome.KEPT:
+                try:
+                    winner = self.remote.get(plan.fingerprint)
+                except InvalidPlanError:  # another version's record: nothing to copy
+                    winner = None
+            if winner is not None:
+                self._put_local(winner)
         return outcome
 
     def delete(self, fp: str) -> bool:
         """Remove from the remote (not in read-only mode) and from the local tier."""
         removed = False if self.read_only else self.remote.delete(fp)
         if self.local is not None:
-            removed = self.local.delete(fp) or removed
+            try:
+                removed = self.local.delete(fp) or removed
+            except PlanStoreError as exc:
+                log.warning("plancache: local tier %s: %s", self.local.url, exc)
         return removed
+
+    def _get_local(self, fp: str) -> Plan | None:
+        if self.local is None:
+            return None
+        try:
+            return self.local.get(fp)
+        except (InvalidPlanError, PlanStoreError) as exc:
+            log.warning("plancache: local tier %s: %s", self.local.url, exc)
+            return None
 
     def _put_local(self, plan: Plan) -> None:
         assert self.local is not None
