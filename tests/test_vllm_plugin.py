@@ -240,6 +240,9 @@ def test_public_functions_follow_vllms_semantics(gpu: ModuleType, store_dir: Pat
     explicit = gpu.Worker(kv_cache_memory_bytes=5 * GiB)
     assert plugin.maybe_apply_startup_plan(explicit) is None
     assert plugin.maybe_save_startup_plan(explicit, 5 * GiB) is None
+    no_lookup = gpu.Worker(profiled_kv=31 * GiB)  # a key made now could be one no lookup makes
+    assert plugin.maybe_save_startup_plan(no_lookup, 31 * GiB) is None
+    assert [p.kv_cache_memory_bytes for p in stored(store_dir)] == [29 * GiB]
 
 
 def test_public_functions_never_raise(store_dir: Path) -> None:

@@ -428,16 +428,9 @@ def _agree(can_apply: bool) -> tuple[bool, str]:
 def _save(worker: Any, kv_cache_memory_bytes: object) -> Recorded | None:
     rank = getattr(worker, "rank", "?")
     boot = getattr(worker, _STATE_ATTR, None)
-    if boot is None:  # no lookup went through us: key and baseline from now
-        if worker.cache_config.kv_cache_memory_bytes is not None:
-            return None
-        try:
-            factors, free = _key(worker)
-        except Exception as exc:
-            log.warning("plancache: rank %s: not saved, no plan key: %s", rank, exc)
-            return None
-        boot = _Boot("profiling", factors, free)
-        setattr(worker, _STATE_ATTR, boot)
+    if boot is None:  # a key computed now could differ from any lookup's (vLLM defect 4)
+        log.info("plancache: rank %s: not saved: no lookup ran on this worker", rank)
+        return None
     if boot.mode != "profiling" or boot.saved or boot.factors is None:
         return None
     kv = _as_int(kv_cache_memory_bytes)
