@@ -55,6 +55,15 @@ def parse_timeout(name: str, value: str) -> float:
     return t
 
 
+def _without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@`` (never logged)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+
 def is_remote(url: str) -> bool:
     """True for URLs that name something other than a local directory."""
     return "://" in url and not url.startswith("file://")
@@ -73,7 +82,8 @@ class Settings:
 
     def __repr__(self) -> str:
         return (
-            f"Settings(url={self.url!r}, timeout={self.timeout}, read_only={self.read_only}, "
+            f"Settings(url={_without_userinfo(self.url)!r}, timeout={self.timeout}, "
+            f"read_only={self.read_only}, "
             f"local_tier={self.local_tier!r}, storage_options={redact(self.storage_options)!r})"
         )
 

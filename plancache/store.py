@@ -8,6 +8,7 @@ concurrent writers, lives here once.
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +41,12 @@ def fingerprint_of_name(name: str) -> str | None:
         return validate_key(fp)
     except ValueError:
         return None
+
+
+def content_version(data: bytes) -> str:
+    """A version token for stores without native versions: the sha256 of the bytes (unlike
+    inode or mtime, never reused for other content)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 class PutOutcome(enum.Enum):

@@ -83,3 +83,9 @@ def test_registry_opens_local_paths_and_file_urls(tmp_path: Path) -> None:
 def test_unknown_scheme_names_the_supported_ones() -> None:
     with pytest.raises(UnsupportedStoreError, match=r"unknown store scheme 'nope'.*gs://.*s3://"):
         open_store("nope://bucket")
+
+
+def test_credentials_in_the_url_never_appear_in_repr() -> None:
+    s = Settings.from_env({"PLANCACHE_URL": "s3://AKIA9:hunter2@bucket/plans"})
+    assert "hunter2" not in repr(s) and "AKIA9" not in repr(s)
+    assert "s3://bucket/plans" in repr(s)

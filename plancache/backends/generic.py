@@ -8,12 +8,13 @@ objects). The version token is the record's sha256.
 - ``memory://``: the filesystem lives in this process, so the lock makes create and replace
   atomic: ``atomic = True``.
 - any other protocol: writers on other processes or hosts are not serialised; a racing write
-  can be lost (never torn). ``atomic = False``, and each store logs one warning saying so.
+  can be lost, and where the filesystem writes in place (sftp, ftp) a reader can see a
+  partial record, which fails validation (never applied). ``atomic = False``, and each store
+  logs one warning saying so.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from plancache.store import (
     PlanStoreNotFound,
     PlanStorePermissionError,
     PlanStoreUnavailable,
+    content_version,
     fingerprint_of_name,
     object_name,
     redact,
@@ -36,10 +38,6 @@ from plancache.store import (
 
 log = logging.getLogger("plancache")
 _WRITE_LOCK = threading.RLock()
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class FsspecStore(PlanStore):
@@ -56,7 +54,8 @@ class FsspecStore(PlanStore):
         if not self.atomic:
             log.warning(
                 "plancache: %s has no atomic create or compare-and-swap: concurrent writers on "
-                "other processes or hosts may overwrite each other (records are never torn)",
+                "other processes or hosts may overwrite each other, and a partial record is "
+                "possible where the filesystem writes in place (it is never applied)",
                 self._url,
             )
 
@@ -89,7 +88,7 @@ class FsspecStore(PlanStore):
             return None
         except OSError as exc:
             raise self._error(exc, "read") from exc
-        return data, _digest(data)
+        return data, content_version(data)
 
     def _write(self, fp: str, data: bytes) -> None:
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import secrets
 import socket
@@ -28,6 +27,7 @@ from plancache.store import (
     PlanStoreError,
     PlanStoreNotFound,
     PlanStorePermissionError,
+    content_version,
     fingerprint_of_name,
     object_name,
 )
@@ -63,10 +63,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 class LocalStore(PlanStore):
     """Plans as ``startup_plan_{fp}.json`` files in one directory (created on first write)."""
 
@@ -94,7 +90,7 @@ class LocalStore(PlanStore):
             if exc.errno == errno.ENOTDIR:
                 return None
             raise _store_error(Path(path), "read", exc) from exc
-        return data, _digest(data)
+        return data, content_version(data)
 
     def _write_temp(self, fp: str, data: bytes) -> Path:
         """A fsynced temp file in the store directory holding ``data``; caller removes it."""
