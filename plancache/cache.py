@@ -9,7 +9,7 @@ profiles as usual. Every decision is logged on ``logging.getLogger("plancache")`
 from __future__ import annotations
 
 import logging
-import socket
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -194,7 +194,7 @@ class PlanCache:
                 factors,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 free_memory_baseline=free_memory_baseline,
-                producer={"host": socket.gethostname(), "plancache": __version__},
+                producer={"host": os.uname().nodename, "plancache": __version__},
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise

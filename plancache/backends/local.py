@@ -14,7 +14,6 @@ import errno
 import fcntl
 import os
 import secrets
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -98,7 +97,7 @@ class LocalStore(PlanStore):
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _store_error(self.root, "create directory", exc) from exc
-        prefix = f".{object_name(fp)}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}."
+        prefix = f".{object_name(fp)}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(4)}."
         try:
             fd, name = tempfile.mkstemp(dir=self.root, prefix=prefix, suffix=TEMP_SUFFIX)
         except OSError as exc:
