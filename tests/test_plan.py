@@ -165,18 +165,7 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
-fields = st.sampled_from(
-    [
-        "schema",
-        "fingerprint",
-        "factors",
-        "kv_cache_memory_bytes",
-        "free_memory_baseline",
-        "created_at",
-        "producer",
-        "extra",
-    ]
-)
+fields = st.sampled_from([*Plan.__dataclass_fields__, "extra"])
 
 
 def _assert_rules(plan: Plan) -> None:
