@@ -27,7 +27,7 @@ import s3fs
 from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
-from plancache.store import object_name
+from plancache.fingerprint import object_name
 
 GiB = 1 << 30
 

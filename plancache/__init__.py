@@ -6,20 +6,55 @@ __version__ = "0.1.0"
 
 from plancache.backends import open_store
 from plancache.cache import Decision, PlanCache, Recorded
+from plancache.errors import (
+    ConfigError,
+    InvalidPlanError,
+    MissingExtraError,
+    PlanStoreConflict,
+    PlanStoreConflictError,
+    PlanStoreError,
+    PlanStoreNotFound,
+    PlanStoreNotFoundError,
+    PlanStorePermissionError,
+    PlanStoreReadOnlyError,
+    PlanStoreUnavailable,
+    PlanStoreUnavailableError,
+    ReadOnlyStoreError,
+    UnknownSchemeError,
+    UnsupportedSchemaError,
+    UnsupportedStoreError,
+)
 from plancache.fingerprint import fingerprint
 from plancache.gate import applicable_kv_cache_memory_bytes
-from plancache.plan import InvalidPlanError, Plan
-from plancache.store import PlanStore, PlanStoreError, PutOutcome
+from plancache.plan import Plan
+from plancache.reasons import Reason, RecordReason
+from plancache.store import PlanStore, PutOutcome
 
 __all__ = [
+    "ConfigError",
     "Decision",
     "InvalidPlanError",
+    "MissingExtraError",
     "Plan",
     "PlanCache",
     "PlanStore",
+    "PlanStoreConflict",
+    "PlanStoreConflictError",
     "PlanStoreError",
+    "PlanStoreNotFound",
+    "PlanStoreNotFoundError",
+    "PlanStorePermissionError",
+    "PlanStoreReadOnlyError",
+    "PlanStoreUnavailable",
+    "PlanStoreUnavailableError",
     "PutOutcome",
+    "ReadOnlyStoreError",
+    "Reason",
+    "RecordReason",
     "Recorded",
+    "UnknownSchemeError",
+    "UnsupportedSchemaError",
+    "UnsupportedStoreError",
     "__version__",
     "applicable_kv_cache_memory_bytes",
     "fingerprint",

@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from plancache import __version__
+from plancache.defaults import DEFAULT_BUDGET_S
+from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
 from plancache.fingerprint import fingerprint
 from plancache.gate import gate
-from plancache.plan import InvalidPlanError, Plan, Scalar, UnsupportedSchemaError
-from plancache.store import PlanStore, PlanStoreError, PutOutcome
+from plancache.plan import Plan, Scalar
+from plancache.reasons import Reason, RecordReason
+from plancache.store import PlanStore, PutOutcome
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
@@ -29,16 +32,11 @@ GiB = float(1 << 30)
 
 @dataclass(frozen=True)
 class Decision:
-    """The answer of a lookup. ``kv_cache_memory_bytes`` is None unless ``reason == "hit"``.
-
-    Reasons: ``hit``, ``miss`` (nothing stored, or a record of another schema version:
-    see ``detail``), ``gate:free-memory-below-baseline``, ``gate:free-memory-unknown``,
-    ``invalid`` (the stored record breaks a rule),
-    ``invalid-factors``, ``store-error``, ``timeout``, ``error`` (unexpected).
-    """
+    """The answer of a lookup. ``kv_cache_memory_bytes`` is None unless ``reason == "hit"``
+    (see ``Reason`` for every reason)."""
 
     kv_cache_memory_bytes: int | None
-    reason: str
+    reason: Reason
     fingerprint: str | None
     seconds: float
     plan: Plan | None = None
@@ -51,17 +49,20 @@ class Decision:
 
 @dataclass(frozen=True)
 class Recorded:
-    """The result of a record. ``outcome`` is None when nothing was stored.
-
-    Reasons: ``created``, ``replaced``, ``kept``, ``invalid-input``, ``store-error``,
-    ``timeout``, ``error``.
-    """
+    """The result of a record. ``outcome`` is None when nothing was stored (see
+    ``RecordReason`` for every reason)."""
 
     outcome: PutOutcome | None
-    reason: str
+    reason: RecordReason
     fingerprint: str | None
     seconds: float
     detail: str = ""
+
+
+_RECORD_FAILURES = {
+    Reason.TIMEOUT: RecordReason.TIMEOUT,
+    Reason.STORE_ERROR: RecordReason.STORE_ERROR,
+}
 
 
 class _Timeout(Exception):
@@ -89,25 +90,28 @@ def _bounded(fn: Callable[[], T], timeout: float) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
-def _describe(exc: BaseException) -> tuple[str, str]:
+def _describe(exc: BaseException) -> tuple[Reason, str]:
     """(reason, detail) for a failure of store I/O."""
     if isinstance(exc, _Timeout):
-        return "timeout", "store did not answer within the time budget"
+        return Reason.TIMEOUT, "store did not answer within the time budget"
     if isinstance(exc, UnsupportedSchemaError):
-        return "miss", str(exc)
+        return Reason.MISS, str(exc)
     if isinstance(exc, InvalidPlanError):
-        return "invalid", str(exc)
+        return Reason.INVALID, str(exc)
     if isinstance(exc, PlanStoreError):
-        return "store-error", str(exc)
-    return "error", f"{type(exc).__name__}: {exc}"
+        return Reason.STORE_ERROR, str(exc)
+    return Reason.ERROR, f"{type(exc).__name__}: {exc}"
 
 
 class PlanCache:
     """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
 
-    def __init__(self, store: PlanStore | Callable[[], PlanStore], timeout: float = 2.0) -> None:
-        """``store`` may be a factory, called (once, inside the time budget) on first use,
-        so that opening a remote client is bounded like any other I/O."""
+    def __init__(
+        self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
+    ) -> None:
+        """``timeout`` is the budget of each lookup and record, I/O and decoding included.
+        ``store`` may be a factory, called (once, inside the time budget) on first use, so
+        that opening a remote client is bounded like any other I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
@@ -156,7 +160,7 @@ class PlanCache:
         try:
             fp = fingerprint(factors)
         except Exception as exc:  # whatever the caller's mapping raises
-            reason, detail = "invalid-factors", f"{type(exc).__name__}: {exc}"
+            reason, detail = Reason.INVALID_FACTORS, f"{type(exc).__name__}: {exc}"
         else:
             key = fp
             try:
@@ -169,7 +173,7 @@ class PlanCache:
                 reason, detail = _describe(exc)
             else:
                 if plan is None:
-                    reason = "miss"
+                    reason = Reason.MISS
                 else:
                     kv, reason = gate(plan, current_free_memory)
         decision = Decision(kv, reason, fp, time.perf_counter() - start, plan, detail)
@@ -198,20 +202,21 @@ class PlanCache:
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise
-            reason, detail = "invalid-input", f"{type(exc).__name__}: {exc}"
+            record_reason, detail = RecordReason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
             try:
                 outcome = _bounded(lambda: self.store.put(plan), self.timeout)
-                reason = outcome.value
+                record_reason = RecordReason(outcome.value)
             except Exception as exc:
                 reason, detail = _describe(exc)
-        result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
+                record_reason = _RECORD_FAILURES.get(reason, RecordReason.ERROR)
+        result = Recorded(outcome, record_reason, fp, time.perf_counter() - start, detail)
         level = logging.INFO if outcome is not None else logging.WARNING
         log.log(
             level,
             "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
-            reason,
+            record_reason.value,
             _short(fp),
             _gib(kv_cache_memory_bytes),
             _gib(free_memory_baseline),
@@ -238,12 +243,12 @@ def _log_lookup(d: Decision, current_free_memory: object) -> None:
             f" kv={_gib(d.plan.kv_cache_memory_bytes)}"
             f" baseline={_gib(d.plan.free_memory_baseline)} free={_gib(current_free_memory)}"
         )
-    quiet = d.reason in ("hit", "miss") or d.reason.startswith("gate")
+    quiet = d.reason in (Reason.HIT, Reason.MISS) or d.reason.startswith("gate")
     level = logging.INFO if quiet else logging.WARNING
     log.log(
         level,
         "plancache: lookup %s fp=%s%s in %.1f ms%s",
-        d.reason,
+        d.reason.value,
         _short(d.fingerprint),
         extra,
         d.seconds * 1e3,

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -28,9 +28,11 @@ from plancache import __version__
 from plancache.backends import open_store
 from plancache.backends.local import LocalStore
 from plancache.config import Settings, is_remote
+from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
 from plancache.fingerprint import fingerprint
-from plancache.plan import InvalidPlanError, Plan, UnsupportedSchemaError, canonical
-from plancache.store import PlanStore, PlanStoreError, redact
+from plancache.plan import Plan, canonical
+from plancache.redaction import redact
+from plancache.store import PlanStore
 
 T = TypeVar("T")
 GIB = float(1 << 30)
@@ -227,7 +229,7 @@ def _age(seconds: float) -> str:
 
 
 def _when(ts: float, now: float) -> str:
-    stamp = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"{stamp} ({_age(now - ts)} ago)"
 
 

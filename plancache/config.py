@@ -22,16 +22,13 @@ from typing import Any
 import orjson
 
 from plancache.backends import open_store
-from plancache.backends.local import default_dir
-from plancache.store import PlanStore, redact
+from plancache.defaults import DEFAULT_BUDGET_S, default_dir
+from plancache.errors import ConfigError
+from plancache.redaction import redact, without_userinfo
+from plancache.store import PlanStore
 
-DEFAULT_TIMEOUT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-
-
-class ConfigError(ValueError):
-    """An environment variable holds a value plancache cannot use."""
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -55,13 +52,16 @@ def parse_timeout(name: str, value: str) -> float:
     return t
 
 
-def _without_userinfo(url: str) -> str:
-    """``url`` without ``user:password@`` (never logged)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    host, slash, path = rest.partition("/")
-    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+def parse_storage_options(text: str, source: str) -> dict[str, Any]:
+    """A JSON object of storage options from ``source`` (a variable or flag name); else
+    ``ConfigError``. The text itself is never echoed: it may hold secrets."""
+    try:
+        options = orjson.loads(text) if text.strip() else {}
+    except orjson.JSONDecodeError:
+        raise ConfigError(f"{source} is not valid JSON") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{source} must be a JSON object")
+    return options
 
 
 def is_remote(url: str) -> bool:
@@ -74,7 +74,8 @@ class Settings:
     """Where plans live and how long a boot may spend on them."""
 
     url: str = field(default_factory=lambda: str(default_dir()))
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float = DEFAULT_BUDGET_S
+    """Seconds one lookup or record may take in all (the boot-path budget)."""
     read_only: bool = False
     local_tier: str | None = None
     """Directory of the local tier in front of a remote store, or None for no tier."""
@@ -82,7 +83,7 @@ class Settings:
 
     def __repr__(self) -> str:
         return (
-            f"Settings(url={_without_userinfo(self.url)!r}, timeout={self.timeout}, "
+            f"Settings(url={without_userinfo(self.url)!r}, timeout={self.timeout}, "
             f"read_only={self.read_only}, "
             f"local_tier={self.local_tier!r}, storage_options={redact(self.storage_options)!r})"
         )
@@ -91,9 +92,11 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read the ``PLANCACHE_*`` variables; raises ``ConfigError`` naming a bad one."""
         env = os.environ if environ is None else environ
-        local = str(default_dir(dict(env)))
+        local = str(default_dir(env))
         url = env.get("PLANCACHE_URL") or local
-        timeout = parse_timeout("PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", "2.0"))
+        timeout = parse_timeout(
+            "PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
+        )
         read_only = parse_bool("PLANCACHE_READ_ONLY", env.get("PLANCACHE_READ_ONLY", "0"))
         tier_value = env.get("PLANCACHE_LOCAL_TIER", "1")
         tier: str | None = None
@@ -103,13 +106,9 @@ class Settings:
                 tier = local
             elif lowered not in _FALSE:
                 tier = os.path.expanduser(tier_value)
-        raw = env.get("PLANCACHE_STORAGE_OPTIONS", "")
-        try:
-            options = orjson.loads(raw) if raw.strip() else {}
-        except orjson.JSONDecodeError:
-            raise ConfigError("PLANCACHE_STORAGE_OPTIONS is not valid JSON") from None
-        if not isinstance(options, dict):
-            raise ConfigError("PLANCACHE_STORAGE_OPTIONS must be a JSON object")
+        options = parse_storage_options(
+            env.get("PLANCACHE_STORAGE_OPTIONS", ""), "PLANCACHE_STORAGE_OPTIONS"
+        )
         return cls(url, timeout, read_only, tier, options)
 
     def open_store(self) -> PlanStore:

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from plancache.errors import InvalidPlanError, UnsupportedSchemaError
+
 SCHEMA = 1
 MAX_RECORD_BYTES = 64 * 1024
 """Largest encoded record accepted; readers fetch at most this plus one byte."""
@@ -26,15 +28,6 @@ _MIN_FACTOR_INT = -(2**63)
 _FACTOR_INT_LIMIT = 2**64  # orjson encodes ints in [-2**63, 2**64)
 
 Scalar = str | int | float | bool | None
-
-
-class InvalidPlanError(ValueError):
-    """A record breaks a rule of the plan format; it is never applied."""
-
-
-class UnsupportedSchemaError(InvalidPlanError):
-    """A record of another schema version (e.g. from a newer plancache): never applied, never
-    overwritten or deleted by this version; a miss for the cache."""
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -1,4 +1,4 @@
-"""The ``PlanStore`` contract, its error types and the one merge loop (no I/O libraries).
+"""The ``PlanStore`` contract and the one merge loop (no I/O libraries).
 
 Backends implement five primitives (read with a version token, create-if-absent,
 replace-if-version-matches, delete, list); everything else, including the merge of
@@ -11,36 +11,18 @@ import enum
 import hashlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
 
+from plancache.errors import InvalidPlanError, PlanStoreConflictError, UnsupportedSchemaError
 from plancache.fingerprint import validate_key
-from plancache.gate import dominates
-from plancache.plan import MAX_RECORD_BYTES, InvalidPlanError, Plan, UnsupportedSchemaError
+from plancache.merge import dominates
+from plancache.plan import MAX_RECORD_BYTES, Plan
 
 log = logging.getLogger("plancache")
 
-OBJECT_PREFIX = "startup_plan_"
-OBJECT_SUFFIX = ".json"
 CONTENT_TYPE = "application/json"
 READ_LIMIT = MAX_RECORD_BYTES + 1
 """Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
-
-
-def object_name(fp: str) -> str:
-    """``startup_plan_{fp}.json``: the name of a plan in every store."""
-    return f"{OBJECT_PREFIX}{fp}{OBJECT_SUFFIX}"
-
-
-def fingerprint_of_name(name: str) -> str | None:
-    """The fingerprint a plan object's base name carries, or None for any other name."""
-    if not (name.startswith(OBJECT_PREFIX) and name.endswith(OBJECT_SUFFIX)):
-        return None
-    fp = name[len(OBJECT_PREFIX) : -len(OBJECT_SUFFIX)]
-    try:
-        return validate_key(fp)
-    except ValueError:
-        return None
 
 
 def content_version(data: bytes) -> str:
@@ -55,48 +37,6 @@ class PutOutcome(enum.Enum):
     CREATED = "created"
     REPLACED = "replaced"
     KEPT = "kept"
-
-
-class PlanStoreError(Exception):
-    """A store could not be used (transport, permission, configuration). Keeps ``cause``."""
-
-    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
-        if cause is not None:
-            self.__cause__ = cause
-
-
-class PlanStorePermissionError(PlanStoreError):
-    """Access was denied (file mode, bad or missing credentials, forbidden bucket)."""
-
-
-class PlanStoreUnavailable(PlanStoreError):
-    """The store did not answer in time, refused the connection or answered a server error."""
-
-
-class PlanStoreNotFound(PlanStoreError):
-    """The store's container (directory's parent, bucket) does not exist."""
-
-
-class PlanStoreConflict(PlanStoreError):
-    """Concurrent writers kept winning; the bounded merge loop gave up."""
-
-
-SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session", "auth")
-
-
-def redact(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of storage options safe to log: values of secret-looking keys are masked."""
-    out: dict[str, Any] = {}
-    for k, v in options.items():
-        if any(w in str(k).lower() for w in SECRET_WORDS) and "endpoint" not in str(k).lower():
-            out[k] = "***"
-        elif isinstance(v, Mapping):
-            out[k] = redact(v)
-        else:
-            out[k] = v
-    return out
 
 
 class PlanStore(ABC):
@@ -182,7 +122,7 @@ class PlanStore(ABC):
                     return PutOutcome.KEPT
             if self._replace(fp, data, version):
                 return PutOutcome.REPLACED
-        raise PlanStoreConflict(
+        raise PlanStoreConflictError(
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )
 

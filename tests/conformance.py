@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
-from plancache.gate import dominates
-from plancache.plan import MAX_RECORD_BYTES, UnsupportedSchemaError
+from plancache.errors import UnsupportedSchemaError
+from plancache.merge import dominates
+from plancache.plan import MAX_RECORD_BYTES
 from tests.plans import GiB, make_plan
 
 BAD_KEYS = [

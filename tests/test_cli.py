@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks.servers import FakeGCS, MotoS3, closed_port
 from plancache import Plan, fingerprint, open_store
+from plancache.fingerprint import object_name
 from plancache.plan import MAX_RECORD_BYTES
-from plancache.store import object_name
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

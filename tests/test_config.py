@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from plancache import open_store
-from plancache.backends import UnsupportedStoreError
 from plancache.backends.local import LocalStore
-from plancache.config import ConfigError, Settings
+from plancache.config import Settings
+from plancache.errors import ConfigError, UnsupportedStoreError
 
 
 def test_defaults_follow_vllm_cache_root() -> None:

@@ -19,11 +19,11 @@ from google.oauth2.credentials import Credentials
 
 from benchmarks.servers import FakeGCS, FixedResponseServer, MotoS3, SilentServer, closed_port
 from plancache import PlanCache, PlanStore, open_store
-from plancache.store import (
+from plancache.errors import (
     PlanStoreError,
-    PlanStoreNotFound,
+    PlanStoreNotFoundError,
     PlanStorePermissionError,
-    PlanStoreUnavailable,
+    PlanStoreUnavailableError,
 )
 from tests.plans import FACTORS, GiB, make_plan
 
@@ -63,24 +63,24 @@ FAULTS: dict[str, dict[str, tuple[Any, type[PlanStoreError], set[str]]]] = {
     "closed-port": {
         b: (
             lambda: nullcontext(f"http://127.0.0.1:{closed_port()}"),
-            PlanStoreUnavailable,
+            PlanStoreUnavailableError,
             {"store-error"},
         )
         for b in ("s3", "gcs")
     },
     "silent": {
-        b: (lambda: _endpoint(SilentServer())(), PlanStoreUnavailable, {"timeout"})
+        b: (lambda: _endpoint(SilentServer())(), PlanStoreUnavailableError, {"timeout"})
         for b in ("s3", "gcs")
     },
     "http-500": {
         "s3": (
             lambda: _endpoint(s3_error(500, "InternalError", "We encountered an internal error"))(),
-            PlanStoreUnavailable,
+            PlanStoreUnavailableError,
             {"store-error"},
         ),
         "gcs": (
             lambda: _endpoint(gcs_error(500, "Backend Error"))(),
-            PlanStoreUnavailable,
+            PlanStoreUnavailableError,
             {"store-error"},
         ),
     },
@@ -115,10 +115,10 @@ FAULTS: dict[str, dict[str, tuple[Any, type[PlanStoreError], set[str]]]] = {
         ),
     },
     "missing-bucket": {
-        "s3": ("moto_s3", PlanStoreNotFound, {"store-error"}),
+        "s3": ("moto_s3", PlanStoreNotFoundError, {"store-error"}),
         "gcs": (
             lambda: _endpoint(gcs_error(404, "The specified bucket does not exist."))(),
-            PlanStoreNotFound,
+            PlanStoreNotFoundError,
             {"store-error"},
         ),
     },
@@ -181,20 +181,20 @@ def test_cache_is_bounded_and_fails_open(
 
 def test_gcs_write_to_a_missing_bucket(fake_gcs: FakeGCS) -> None:
     store = _open("gcs", fake_gcs.endpoint)
-    with pytest.raises(PlanStoreNotFound, match="does not exist"):
+    with pytest.raises(PlanStoreNotFoundError, match="does not exist"):
         store.put(make_plan())
-    with pytest.raises(PlanStoreNotFound):
+    with pytest.raises(PlanStoreNotFoundError):
         list(store.iter_fingerprints())
 
 
 def test_retries_are_bounded() -> None:
     with gcs_error(503, "Service Unavailable") as g, s3_error(503, "SlowDown", "Slow") as s:
         for backend, server in (("gcs", g), ("s3", s)):
-            with pytest.raises(PlanStoreUnavailable):
+            with pytest.raises(PlanStoreUnavailableError):
                 _open(backend, server.endpoint).get(make_plan().fingerprint)
             assert server.count == 2, backend
             server.count = 0
-            with pytest.raises(PlanStoreUnavailable):
+            with pytest.raises(PlanStoreUnavailableError):
                 _open(backend, server.endpoint, retries=0).get(make_plan().fingerprint)
             assert server.count == 1, backend
 
@@ -239,7 +239,7 @@ def test_the_hard_bound_holds_whatever_the_client_timeouts(backend: str) -> None
     with SilentServer() as server:
         store = _open(backend, server.endpoint, read_timeout=30, timeout=0.5)
         start = time.monotonic()
-        with pytest.raises(PlanStoreUnavailable, match=r"no answer within 0\.5 s"):
+        with pytest.raises(PlanStoreUnavailableError, match=r"no answer within 0\.5 s"):
             store.get(make_plan().fingerprint)
         assert time.monotonic() - start < 1.5
 

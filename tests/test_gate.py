@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from plancache import applicable_kv_cache_memory_bytes
-from plancache.gate import dominates
+from plancache.merge import dominates
 from tests.plans import GiB, make_plan
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from plancache import Plan, PlanCache, PlanStoreError, PutOutcome, open_store
-from plancache.backends.local import LocalStore, default_dir
-from plancache.store import PlanStorePermissionError
+from plancache.backends.local import LocalStore
+from plancache.defaults import default_dir
+from plancache.errors import PlanStorePermissionError
 from tests.conformance import StoreContract
 from tests.plans import FACTORS, make_plan
 

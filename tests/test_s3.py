@@ -10,8 +10,8 @@ import s3fs
 
 from benchmarks.servers import CountingProxy, MotoS3
 from plancache import PutOutcome, open_store
-from plancache.backends import UnsupportedStoreError
 from plancache.backends.s3 import S3Store
+from plancache.errors import UnsupportedStoreError
 from tests.conformance import StoreContract
 from tests.plans import make_plan
 
@@ -131,6 +131,6 @@ def test_a_url_without_a_bucket_is_rejected() -> None:
 
 
 def test_unknown_storage_option_is_a_clear_error_at_open() -> None:
-    with pytest.raises(UnsupportedStoreError, match=r"unknown S3 storage option.*bogus") as info:
+    with pytest.raises(UnsupportedStoreError, match=r"unknown s3:// storage option.*bogus") as info:
         open_store("s3://bucket/p", bogus=1, secret="hunter2")
     assert "hunter2" not in str(info.value)

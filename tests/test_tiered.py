@@ -13,8 +13,9 @@ import pytest
 from benchmarks.servers import CountingProxy, MotoS3
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache.backends.local import LocalStore
-from plancache.backends.tiered import ReadOnlyStoreError, TieredStore
+from plancache.backends.tiered import TieredStore
 from plancache.config import Settings
+from plancache.errors import PlanStoreReadOnlyError
 from tests.conformance import StoreContract
 from tests.plans import FACTORS, GiB, make_plan
 
@@ -100,10 +101,10 @@ def test_read_only_without_tier_refuses_writes(
 ) -> None:
     store = _settings(remote, s3_proxy, read_only=True).open_store()
     s3_proxy.reset()
-    with pytest.raises(ReadOnlyStoreError):
+    with pytest.raises(PlanStoreReadOnlyError):
         store.put(make_plan())
     for write in (store._create, lambda fp, d: store._replace(fp, d, "v")):
-        with pytest.raises(ReadOnlyStoreError):
+        with pytest.raises(PlanStoreReadOnlyError):
             write(make_plan().fingerprint, b"{}")
     recorded = PlanCache(store, timeout=2.0).record(
         FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB

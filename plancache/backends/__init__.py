@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from plancache.store import PlanStore, PlanStoreError
+from plancache.errors import MissingExtraError, UnknownSchemeError, UnsupportedStoreError
+from plancache.store import PlanStore
 
 #: scheme -> ("module:Class", extra that installs its client library or None)
 BACKENDS: dict[str, tuple[str, str | None]] = {
@@ -23,11 +24,6 @@ BACKENDS: dict[str, tuple[str, str | None]] = {
 }
 #: any other protocol fsspec knows goes to the generic backend
 GENERIC = "plancache.backends.generic:FsspecStore"
-
-
-class UnsupportedStoreError(PlanStoreError, ValueError):
-    """The URL names a scheme no backend serves, its extra is not installed, or the storage
-    options are not ones its backend takes."""
 
 
 def _scheme(url: str) -> str:
@@ -47,7 +43,7 @@ def _load(target: str, extra: str | None, scheme: str) -> Callable[..., PlanStor
     except ModuleNotFoundError as exc:
         if extra is None or (exc.name or "").startswith("plancache"):
             raise
-        raise UnsupportedStoreError(
+        raise MissingExtraError(
             f"{scheme}:// stores need {exc.name!r}: pip install 'plancache[{extra}]'", cause=exc
         ) from exc
     cls: Callable[..., PlanStore] = getattr(module, cls_name)
@@ -76,7 +72,7 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     from fsspec.registry import known_implementations, registry
 
     if scheme not in known_implementations and scheme not in registry:
-        raise UnsupportedStoreError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
+        raise UnknownSchemeError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
     return _load(GENERIC, None, scheme)(url, **storage_options)
 
 

@@ -1,7 +1,7 @@
 """What the object-store backends share: URL parsing, time bounds, running async client calls.
 
 Every call a backend makes runs on fsspec's event loop under a hard bound
-(``Timeouts.total``); past it the call is cancelled and ``PlanStoreUnavailable`` raised.
+(``CallTimeouts.total``); past it the call is cancelled and ``PlanStoreUnavailable`` raised.
 Backends translate their client's exceptions with ``translate``; messages name the store,
 the action and a status or error code, never a credential.
 """
@@ -10,51 +10,76 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
-from plancache.store import (
-    PlanStore,
+from plancache.errors import (
+    ConfigError,
     PlanStoreError,
-    PlanStoreUnavailable,
-    fingerprint_of_name,
-    object_name,
-    redact,
+    PlanStoreUnavailableError,
+    UnsupportedStoreError,
 )
+from plancache.fingerprint import fingerprint_of_name, object_name
+from plancache.redaction import redact
+from plancache.store import PlanStore
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Timeouts:
-    """Bounds on one store call: ``connect`` and ``read`` per HTTP attempt, ``retries``
-    extra attempts after a transport or server error, ``total`` for the whole call."""
+class CallTimeouts:
+    """Bounds on one network call to a store: ``connect`` and ``read`` per HTTP attempt,
+    ``retries`` extra attempts after a transport or server error, ``total`` for the whole
+    call. (The lookup/record budget of ``PlanCache`` bounds a boot's calls together.)"""
 
     connect: float = 0.5
     read: float = 1.0
     retries: int = 1
     total: float = 3.0
 
+    #: storage option -> field; these options are plancache's, not the client library's
+    OPTIONS: ClassVar[Mapping[str, str]] = {
+        "connect_timeout": "connect",
+        "read_timeout": "read",
+        "retries": "retries",
+        "timeout": "total",
+    }
+
     @classmethod
-    def pop_from(cls, options: MutableMapping[str, Any]) -> Timeouts:
-        """Take ``connect_timeout``, ``read_timeout``, ``retries`` and ``timeout`` out of
-        storage options (they are plancache's, not the client library's)."""
+    def split(cls, options: Mapping[str, Any]) -> tuple[CallTimeouts, dict[str, Any]]:
+        """(the bounds named in ``options``, the other options); ``options`` is not changed.
+        Raises ``ConfigError`` for a non-positive bound or negative retries."""
         d = cls()
-        t = cls(
-            connect=float(options.pop("connect_timeout", d.connect)),
-            read=float(options.pop("read_timeout", d.read)),
-            retries=int(options.pop("retries", d.retries)),
-            total=float(options.pop("timeout", d.total)),
-        )
-        if min(t.connect, t.read, t.total) <= 0 or t.retries < 0:
-            raise ValueError(f"timeouts must be positive and retries >= 0, got {t}")
-        return t
+        given = {field: options[name] for name, field in cls.OPTIONS.items() if name in options}
+        try:
+            t = cls(
+                connect=float(given.get("connect", d.connect)),
+                read=float(given.get("read", d.read)),
+                retries=int(given.get("retries", d.retries)),
+                total=float(given.get("total", d.total)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"bad time bound in storage options: {exc}") from None
+        if not min(t.connect, t.read, t.total) > 0 or t.retries < 0:
+            raise ConfigError(f"timeouts must be positive and retries >= 0, got {t}")
+        rest = {k: v for k, v in options.items() if k not in cls.OPTIONS}
+        return t, rest
+
+
+def client_option_names(*inits: Callable[..., Any]) -> frozenset[str]:
+    """The keyword options the client constructors ``inits`` take, plus fsspec's own
+    (anything else would fail on the first call, far from where it was given)."""
+    names = {"use_listings_cache", "listings_expiry_time", "max_paths"}
+    for init in inits:
+        names |= set(inspect.signature(init).parameters)
+    return frozenset(names - {"self", "kwargs", "loop", "asynchronous", "skip_instance_cache"})
 
 
 def split_url(url: str) -> tuple[str, str, str]:
@@ -88,12 +113,20 @@ class ObjectStore(PlanStore):
 
     #: The fsspec filesystem whose session, credentials and event loop the store uses.
     fs: Any
+    #: Storage options the client library takes (besides plancache's time bounds).
+    accepted_options: ClassVar[frozenset[str]]
 
-    def __init__(self, url: str, options: dict[str, Any]) -> None:
-        """Takes plancache's time bounds out of ``options`` (what is left is the client's)."""
+    def __init__(self, url: str, options: Mapping[str, Any]) -> None:
+        """Reads plancache's time bounds from ``options``; ``client_options`` holds the rest,
+        for the client library."""
         self.scheme, self.bucket, self.prefix = split_url(url)
-        self.timeouts = Timeouts.pop_from(options)
+        self.timeouts, self.client_options = CallTimeouts.split(options)
         self._options = redact(options)
+        unknown = sorted(set(self.client_options) - self.accepted_options)
+        if unknown:
+            raise UnsupportedStoreError(
+                f"{self.url}: unknown {self.scheme}:// storage option(s): {', '.join(unknown)}"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, {self._options!r})"
@@ -152,7 +185,7 @@ class ObjectStore(PlanStore):
         try:
             result: T = sync(self._loop, translated, timeout=self.timeouts.total)
         except FSTimeoutError as exc:
-            raise PlanStoreUnavailable(
+            raise PlanStoreUnavailableError(
                 f"{self.url}: {action}: no answer within {self.timeouts.total:g} s", cause=exc
             ) from exc
         return result

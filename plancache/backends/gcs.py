@@ -27,15 +27,14 @@ import aiohttp
 from gcsfs.core import GCSFileSystem, quote
 from google.auth.exceptions import GoogleAuthError
 
-from plancache.backends._remote import ObjectStore, read_bounded
-from plancache.store import (
-    CONTENT_TYPE,
-    READ_LIMIT,
+from plancache.backends._remote import ObjectStore, client_option_names, read_bounded
+from plancache.errors import (
     PlanStoreError,
-    PlanStoreNotFound,
+    PlanStoreNotFoundError,
     PlanStorePermissionError,
-    PlanStoreUnavailable,
+    PlanStoreUnavailableError,
 )
+from plancache.store import CONTENT_TYPE, READ_LIMIT
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -68,10 +67,11 @@ def _bucket_missing(reason: str) -> bool:
 class GCSStore(ObjectStore):
     """``gs://bucket/prefix``: atomic create and compare-and-swap on object generations."""
 
+    accepted_options = client_option_names(GCSFileSystem.__init__)
+
     def __init__(self, url: str, **storage_options: Any) -> None:
-        options = dict(storage_options)
-        super().__init__(url, options)
-        self.fs = GCSFileSystem(skip_instance_cache=True, **options)
+        super().__init__(url, storage_options)
+        self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
         self._http_timeout = aiohttp.ClientTimeout(
             sock_connect=self.timeouts.connect, sock_read=self.timeouts.read
         )
@@ -116,7 +116,7 @@ class GCSStore(ObjectStore):
                         body = await read_bounded(r.content.read, limit)
                     if r.status not in RETRY_STATUS or last:
                         return r.status, r.headers, body
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientConnectionError):
                 if last:
                     raise
             await asyncio.sleep(0.05)
@@ -220,20 +220,22 @@ class GCSStore(ObjectStore):
             if exc.status in (401, 403):
                 return PlanStorePermissionError(f"{where}: access denied: {exc}", cause=exc)
             if exc.status == 404:
-                return PlanStoreNotFound(
+                return PlanStoreNotFoundError(
                     f"{where}: bucket {self.bucket!r} does not exist", cause=exc
                 )
             if exc.status in RETRY_STATUS:
-                return PlanStoreUnavailable(f"{where}: server error: {exc}", cause=exc)
+                return PlanStoreUnavailableError(f"{where}: server error: {exc}", cause=exc)
             return PlanStoreError(f"{where}: {exc}", cause=exc)
         if isinstance(exc, GoogleAuthError):
             return PlanStorePermissionError(
                 f"{where}: no usable credentials ({type(exc).__name__})", cause=exc
             )
         if isinstance(exc, asyncio.TimeoutError):
-            return PlanStoreUnavailable(f"{where}: timed out ({type(exc).__name__})", cause=exc)
+            return PlanStoreUnavailableError(
+                f"{where}: timed out ({type(exc).__name__})", cause=exc
+            )
         if isinstance(exc, (aiohttp.ClientError, OSError)):
-            return PlanStoreUnavailable(
+            return PlanStoreUnavailableError(
                 f"{where}: cannot reach the endpoint ({type(exc).__name__})", cause=exc
             )
         return None

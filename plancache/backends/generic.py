@@ -23,18 +23,15 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from plancache.store import (
-    READ_LIMIT,
-    PlanStore,
+from plancache.errors import (
     PlanStoreError,
-    PlanStoreNotFound,
+    PlanStoreNotFoundError,
     PlanStorePermissionError,
-    PlanStoreUnavailable,
-    content_version,
-    fingerprint_of_name,
-    object_name,
-    redact,
+    PlanStoreUnavailableError,
 )
+from plancache.fingerprint import fingerprint_of_name, object_name
+from plancache.redaction import redact
+from plancache.store import READ_LIMIT, PlanStore, content_version
 
 log = logging.getLogger("plancache")
 _WRITE_LOCK = threading.RLock()
@@ -74,9 +71,9 @@ class FsspecStore(PlanStore):
         if isinstance(exc, PermissionError):
             return PlanStorePermissionError(f"{where}: access denied", cause=exc)
         if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-            return PlanStoreNotFound(f"{where}: not found", cause=exc)
+            return PlanStoreNotFoundError(f"{where}: not found", cause=exc)
         if isinstance(exc, (TimeoutError, ConnectionError)):
-            return PlanStoreUnavailable(f"{where}: {type(exc).__name__}", cause=exc)
+            return PlanStoreUnavailableError(f"{where}: {type(exc).__name__}", cause=exc)
         return PlanStoreError(f"{where}: {type(exc).__name__}: {exc}", cause=exc)
 
     # -- primitives ----------------------------------------------------------------------

@@ -19,30 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from plancache.store import (
-    OBJECT_PREFIX,
-    READ_LIMIT,
-    PlanStore,
-    PlanStoreError,
-    PlanStoreNotFound,
-    PlanStorePermissionError,
-    content_version,
-    fingerprint_of_name,
-    object_name,
-)
+from plancache.defaults import default_dir
+from plancache.errors import PlanStoreError, PlanStoreNotFoundError, PlanStorePermissionError
+from plancache.fingerprint import OBJECT_PREFIX, fingerprint_of_name, object_name
+from plancache.store import READ_LIMIT, PlanStore, content_version
 
 TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".startup_plan.lock"
 STALE_TEMP_SECONDS = 3600.0
-
-
-def default_dir(environ: os._Environ[str] | dict[str, str] | None = None) -> Path:
-    """``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``: where vLLM keeps its own plans."""
-    env = os.environ if environ is None else environ
-    root = env.get("VLLM_CACHE_ROOT") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
-    )
-    return Path(os.path.expanduser(root)) / "startup_plan"
 
 
 def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
@@ -50,7 +34,7 @@ def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return PlanStorePermissionError(message, cause=exc)
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-        return PlanStoreNotFound(message, cause=exc)
+        return PlanStoreNotFoundError(message, cause=exc)
     return PlanStoreError(message, cause=exc)
 
 
@@ -181,7 +165,7 @@ class LocalStore(PlanStore):
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
-            raise PlanStoreNotFound(f"{self.root}: directory does not exist") from None
+            raise PlanStoreNotFoundError(f"{self.root}: directory does not exist") from None
         except OSError as exc:
             raise _store_error(lock, "open lock file", exc) from exc
         try:

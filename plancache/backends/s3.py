@@ -14,7 +14,6 @@ Other storage options go to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``
 from __future__ import annotations
 
 import asyncio
-import inspect
 from typing import Any
 
 import aiohttp
@@ -32,16 +31,14 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from plancache.backends import UnsupportedStoreError
-from plancache.backends._remote import ObjectStore, read_bounded
-from plancache.store import (
-    CONTENT_TYPE,
-    READ_LIMIT,
+from plancache.backends._remote import ObjectStore, client_option_names, read_bounded
+from plancache.errors import (
     PlanStoreError,
-    PlanStoreNotFound,
+    PlanStoreNotFoundError,
     PlanStorePermissionError,
-    PlanStoreUnavailable,
+    PlanStoreUnavailableError,
 )
+from plancache.store import CONTENT_TYPE, READ_LIMIT
 
 DENIED = {
     "AccessDenied",
@@ -53,12 +50,6 @@ DENIED = {
     "TokenRefreshRequired",
 }
 LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict"}
-_ACCEPTED_OPTIONS = (
-    {*inspect.signature(s3fs.S3FileSystem.__init__).parameters}
-    | {*inspect.signature(AioSession.__init__).parameters}
-    | {"use_listings_cache", "listings_expiry_time", "max_paths"}
-) - {"self", "kwargs", "loop", "asynchronous", "skip_instance_cache"}
-"""Storage options s3fs and its session take (anything else would fail on the first call)."""
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
@@ -81,20 +72,17 @@ def _missing_key(exc: ClientError) -> bool:
 class S3Store(ObjectStore):
     """``s3://bucket/prefix``: atomic create and compare-and-swap by conditional ``PutObject``."""
 
+    accepted_options = client_option_names(s3fs.S3FileSystem.__init__, AioSession.__init__)
+
     def __init__(self, url: str, **storage_options: Any) -> None:
-        options = dict(storage_options)
-        super().__init__(url, options)
+        super().__init__(url, storage_options)
+        options = dict(self.client_options)
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("connect_timeout", self.timeouts.connect)
         config.setdefault("read_timeout", self.timeouts.read)
         config.setdefault(
             "retries", {"total_max_attempts": self.timeouts.retries + 1, "mode": "standard"}
         )
-        unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
-        if unknown:
-            raise UnsupportedStoreError(
-                f"{self.url}: unknown S3 storage option(s): {', '.join(unknown)}"
-            )
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self._opened = False
 
@@ -194,18 +182,20 @@ class S3Store(ObjectStore):
             if code in DENIED or status in (401, 403):
                 return PlanStorePermissionError(f"{where}: access denied: {what}", cause=exc)
             if code == "NoSuchBucket":
-                return PlanStoreNotFound(
+                return PlanStoreNotFoundError(
                     f"{where}: bucket {self.bucket!r} does not exist", cause=exc
                 )
             if status >= 500 or status in (408, 429) or code in ("SlowDown", "RequestTimeout"):
-                return PlanStoreUnavailable(f"{where}: server error: {what}", cause=exc)
+                return PlanStoreUnavailableError(f"{where}: server error: {what}", cause=exc)
             return PlanStoreError(f"{where}: {what}", cause=exc)
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
             return PlanStorePermissionError(f"{where}: no usable credentials", cause=exc)
         if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, asyncio.TimeoutError)):
-            return PlanStoreUnavailable(f"{where}: timed out ({type(exc).__name__})", cause=exc)
+            return PlanStoreUnavailableError(
+                f"{where}: timed out ({type(exc).__name__})", cause=exc
+            )
         if isinstance(exc, (ConnectionError, HTTPClientError, aiohttp.ClientError, OSError)):
-            return PlanStoreUnavailable(
+            return PlanStoreUnavailableError(
                 f"{where}: cannot reach the endpoint ({type(exc).__name__})", cause=exc
             )
         if isinstance(exc, BotoCoreError):

@@ -11,14 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 
-from plancache.plan import InvalidPlanError, Plan
-from plancache.store import PlanStore, PlanStoreError, PutOutcome
+from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.plan import Plan
+from plancache.store import PlanStore, PutOutcome
 
 log = logging.getLogger("plancache")
-
-
-class ReadOnlyStoreError(PlanStoreError):
-    """A write was asked of a store opened read-only."""
 
 
 class TieredStore(PlanStore):
@@ -61,7 +58,7 @@ class TieredStore(PlanStore):
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyStoreError(f"{self.url} is opened read-only")
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only")
 
     def get(self, fp: str) -> Plan | None:
         """The local tier's plan, else the remote's (copied into the local tier)."""
@@ -84,10 +81,12 @@ class TieredStore(PlanStore):
         """The remote's outcome (merge semantics); the local tier then gets the plan the
         remote keeps. If the remote fails, the local tier still gets ``plan`` (this node
         need not profile again) and the error is raised. Read-only: the local tier's
-        outcome; without a local tier, ``ReadOnlyStoreError``."""
+        outcome; without a local tier, ``PlanStoreReadOnlyError``."""
         if self.read_only:
             if self.local is None:
-                raise ReadOnlyStoreError(f"{self.url} is opened read-only and has no local tier")
+                raise PlanStoreReadOnlyError(
+                    f"{self.url} is opened read-only and has no local tier"
+                )
             return self.local.put(plan)
         try:
             outcome = self.remote.put(plan)

@@ -40,8 +40,10 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from plancache.cache import Decision, PlanCache, Recorded
-from plancache.config import ConfigError, parse_bool
+from plancache.config import parse_bool
+from plancache.errors import ConfigError
 from plancache.plan import Scalar
+from plancache.reasons import Reason
 
 log = logging.getLogger("plancache.vllm")
 
@@ -386,7 +388,11 @@ def _lookup(worker: Any) -> tuple[Decision, dict[str, Scalar] | None, object]:
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
         log.warning("plancache: rank %s: no lookup: %s", getattr(worker, "rank", "?"), detail)
-        return Decision(None, "error", None, time.perf_counter() - start, None, detail), None, None
+        return (
+            Decision(None, Reason.ERROR, None, time.perf_counter() - start, None, detail),
+            None,
+            None,
+        )
     return cache.lookup(factors, current_free_memory=free), factors, free
 
 

@@ -1,0 +1,19 @@
+"""Defaults every layer shares: where plans live locally and the boot-path time budget (pure)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_BUDGET_S = 2.0
+"""Seconds one ``PlanCache.lookup`` or ``record`` may take in all (``PLANCACHE_TIMEOUT``)."""
+
+
+def default_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``: where vLLM keeps its own plans."""
+    env = os.environ if environ is None else environ
+    root = env.get("VLLM_CACHE_ROOT") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
+    )
+    return Path(os.path.expanduser(root)) / "startup_plan"
