@@ -1,0 +1,295 @@
+"""What a store holds, over any store: list, resolve, verify, stats, copy and prune (glue).
+
+Every function reads the store it is given, as it is, and reports in plain values; none
+prints. Store failures raise ``PlanStoreError``; a prefix that names no plan, or more than
+one, raises ``ValueError``. Records of another schema version are reported, never judged,
+overwritten or deleted. Reads and writes run on a few threads (store I/O is latency bound).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from plancache.backends.local import LocalStore
+from plancache.errors import InvalidPlanError, UnsupportedSchemaError
+from plancache.fingerprint import is_key_prefix
+from plancache.plan import Plan
+from plancache.store import PlanStore, PutOutcome
+
+T = TypeVar("T")
+DEVICE_FACTOR = "device_name"
+"""The factor naming the device a plan was recorded on (the vLLM plugin records it)."""
+WORKERS = 8
+"""Threads reading or writing records at once."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored record as read: the plan, or why the record is invalid."""
+
+    fingerprint: str
+    raw: bytes
+    plan: Plan | None
+    error: str | None = None
+    other_schema: bool = False
+    """A record of another schema version: not this version's to judge or delete."""
+
+    @property
+    def invalid(self) -> bool:
+        """True for a record this version judges invalid (never one of another schema)."""
+        return self.plan is None and not self.other_schema
+
+
+def device(plan: Plan) -> str:
+    """The device ``plan`` was recorded on, or ``-`` if its factors do not say."""
+    value = plan.factors.get(DEVICE_FACTOR)
+    return "-" if value is None else str(value)
+
+
+def _parallel(
+    func: Callable[[str], T],
+    items: Sequence[str],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[T]:
+    """``func`` over ``items`` on a few threads, results in order; ``progress(done, total)``
+    after each. The first failure is raised at once and the work not yet started dropped."""
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    try:
+        futures = [pool.submit(func, item) for item in items]
+        for done, future in enumerate(as_completed(futures), 1):
+            future.result()
+            if progress is not None:
+                progress(done, len(items))
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def read_entry(store: PlanStore, fp: str) -> Entry | None:
+    """The record under ``fp``, checked against every rule of the format; None if absent."""
+    raw = store.read_raw(fp)
+    if raw is None:
+        return None
+    try:
+        return Entry(fp, raw, Plan.decode(raw, expected_fingerprint=fp))
+    except InvalidPlanError as exc:
+        return Entry(fp, raw, None, str(exc), isinstance(exc, UnsupportedSchemaError))
+
+
+def scan(store: PlanStore) -> list[Entry]:
+    """Every record in ``store``, in fingerprint order (those deleted meanwhile left out)."""
+    fps = sorted(store.iter_fingerprints())
+    return [e for e in _parallel(lambda fp: read_entry(store, fp), fps) if e is not None]
+
+
+def resolve(store: PlanStore, prefixes: Sequence[str]) -> list[str]:
+    """The stored fingerprints that ``prefixes`` (any case) name, each uniquely, without
+    repeats; else ``ValueError`` naming the first prefix that is malformed, matches no
+    plan or matches several. Every prefix is checked before any is returned."""
+    wanted = [p.strip().lower() for p in prefixes]
+    for prefix in wanted:
+        if not is_key_prefix(prefix):
+            raise ValueError(f"not a fingerprint or a prefix of one (hex digits): {prefix!r:.80}")
+    known = sorted(store.iter_fingerprints())
+    found: list[str] = []
+    for prefix in wanted:
+        matches = [fp for fp in known if fp.startswith(prefix)]
+        if not matches:
+            raise ValueError(f"no plan matches {prefix!r} in {store.url}")
+        if len(matches) > 1:
+            shown = ", ".join(m[:12] for m in matches[:4])
+            raise ValueError(
+                f"{prefix!r} is ambiguous in {store.url}: it matches {len(matches)} plans "
+                f"({shown}{', ...' if len(matches) > 4 else ''}); give more digits"
+            )
+        found.append(matches[0])
+    return list(dict.fromkeys(found))
+
+
+def remove(store: PlanStore, prefixes: Sequence[str]) -> list[tuple[str, bool]]:
+    """Delete the plans ``prefixes`` name (all resolved first, see ``resolve``); each
+    fingerprint with True if it was deleted, False if it was already gone."""
+    return [(fp, store.delete(fp)) for fp in resolve(store, prefixes)]
+
+
+class Fix(enum.StrEnum):
+    """What ``verify(fix=True)`` did with an invalid record."""
+
+    DELETED = "deleted"
+    NOW_VALID = "now valid, kept"
+    """A writer replaced it with a valid record since the scan."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """An invalid record, and what fixing did with it (None without ``fix``)."""
+
+    entry: Entry
+    fix: Fix | None = None
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of ``verify``."""
+
+    checked: int
+    """Records read, other schemas included."""
+    findings: list[Finding]
+    """This version's invalid records, in fingerprint order."""
+    other_schema: list[Entry]
+    """Records of another schema version: reported, kept."""
+
+    @property
+    def deleted(self) -> int:
+        return sum(f.fix is Fix.DELETED for f in self.findings)
+
+
+def verify(store: PlanStore, *, fix: bool = False) -> Verification:
+    """Check every record against the format's rules; with ``fix``, delete the invalid
+    ones, each re-read first so that a valid record written since is kept."""
+    entries = scan(store)
+    findings = []
+    for e in (e for e in entries if e.invalid):
+        outcome = None
+        if fix:
+            again = read_entry(store, e.fingerprint)
+            if again is None or again.invalid:
+                store.delete(e.fingerprint)
+                outcome = Fix.DELETED
+            else:
+                outcome = Fix.NOW_VALID
+        findings.append(Finding(e, outcome))
+    return Verification(len(entries), findings, [e for e in entries if e.other_schema])
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A store at a glance; ``oldest``/``newest`` are creation times (None without plans)."""
+
+    url: str
+    plans: int
+    invalid: int
+    bytes: int
+    oldest: float | None
+    newest: float | None
+    devices: dict[str, int]
+    """Plans per device, most first."""
+
+
+def stats(store: PlanStore) -> Stats:
+    """Counts, bytes (all records), oldest and newest plan and the devices seen."""
+    entries = scan(store)
+    plans = [e.plan for e in entries if e.plan is not None]
+    created = [p.created_at for p in plans]
+    return Stats(
+        url=store.url,
+        plans=len(plans),
+        invalid=len(entries) - len(plans),
+        bytes=sum(len(e.raw) for e in entries),
+        oldest=min(created, default=None),
+        newest=max(created, default=None),
+        devices=dict(Counter(device(p) for p in plans).most_common()),
+    )
+
+
+@dataclass(frozen=True)
+class CopyCounts:
+    """How each record of the source fared in ``copy``."""
+
+    created: int = 0
+    replaced: int = 0
+    kept: int = 0
+    """The destination's plan dominates (or equals) the source's."""
+    invalid: int = 0
+    """Invalid records (or of another schema) in the source, skipped."""
+    vanished: int = 0
+    """Deleted from the source between listing and reading."""
+
+
+def copy(
+    src: PlanStore, dst: PlanStore, *, progress: Callable[[int, int], None] | None = None
+) -> CopyCounts:
+    """Put every valid plan of ``src`` into ``dst`` with merge semantics (``dst.put``);
+    ``progress(done, total)`` is called after each record."""
+
+    def copy_one(fp: str) -> str:
+        entry = read_entry(src, fp)
+        if entry is None:
+            return "vanished"
+        if entry.plan is None:
+            return "invalid"
+        return dst.put(entry.plan).value
+
+    counts = Counter(_parallel(copy_one, sorted(src.iter_fingerprints()), progress))
+    return CopyCounts(
+        created=counts[PutOutcome.CREATED.value],
+        replaced=counts[PutOutcome.REPLACED.value],
+        kept=counts[PutOutcome.KEPT.value],
+        invalid=counts["invalid"],
+        vanished=counts["vanished"],
+    )
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """The outcome of ``prune``."""
+
+    plans: list[Plan]
+    """Plans deleted (or, in a dry run, that would be), in fingerprint order."""
+    temp_files: int | None
+    """Abandoned temp files removed (or that would be); None for stores other than local."""
+    invalid: int
+    """Invalid records left in place (``verify(fix=True)`` deletes them)."""
+
+
+def prune(
+    store: PlanStore, older_than: float, *, dry_run: bool = False, now: float | None = None
+) -> Pruning:
+    """Delete the plans created more than ``older_than`` seconds before ``now`` (default:
+    the current time), each re-read first so that a newer plan written since is kept;
+    on a local store, also the temp files that killed writers left behind."""
+    cutoff = (time.time() if now is None else now) - older_than
+    entries = scan(store)
+    pruned: list[Plan] = []
+    for e in entries:
+        if e.plan is None or e.plan.created_at >= cutoff:
+            continue
+        if not dry_run:
+            again = read_entry(store, e.fingerprint)
+            if again is None or again.plan is None or again.plan.created_at >= cutoff:
+                continue
+            store.delete(e.fingerprint)
+        pruned.append(e.plan)
+    temps = None
+    if isinstance(store, LocalStore):
+        temps = store.remove_stale_temp_files(dry_run=dry_run)
+    return Pruning(pruned, temps, sum(e.plan is None for e in entries))
+
+
+def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
+    """``entry`` as a JSON-ready dict: the plan's fields, or the reason it is invalid."""
+    if entry.plan is None:
+        return {
+            "fingerprint": entry.fingerprint,
+            "valid": False,
+            "error": entry.error,
+            "bytes": len(entry.raw),
+        }
+    p = entry.plan
+    return {
+        "fingerprint": p.fingerprint,
+        "valid": True,
+        "device": device(p),
+        "kv_cache_memory_bytes": p.kv_cache_memory_bytes,
+        "free_memory_baseline": p.free_memory_baseline,
+        "created_at": p.created_at,
+        "age_seconds": (time.time() if now is None else now) - p.created_at,
+        "producer": dict(p.producer),
+        "bytes": len(entry.raw),
+    }
