@@ -1,0 +1,97 @@
+"""Running the ``plancache`` command for real (``python -m plancache``) in a subprocess, and
+writing records as raw bytes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from plancache import Plan, fingerprint, open_store
+from plancache.fingerprint import object_name
+from plancache.testing import GiB, child_env, make_plan
+
+DAY = 86400.0
+LocalFixture = tuple[Path, list[Plan], str]
+"""A local store's root, its plans (newest first) and the fingerprint of its invalid record."""
+RemoteSpec = tuple[str, dict[str, Any]]
+"""A remote store's URL and storage options."""
+
+
+def run(
+    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m plancache ARGS`` and return its result (never raises on exit codes)."""
+    return subprocess.run(
+        [sys.executable, "-m", "plancache", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=dict(env) if env is not None else child_env(),
+        timeout=120,
+    )
+
+
+def ok(*args: str, env: Mapping[str, str] | None = None, stdin: str | None = None) -> str:
+    """Run a command that must succeed; its stdout."""
+    result = run(*args, env=env, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def failure(
+    *args: str, code: int = 2, env: Mapping[str, str] | None = None, stdin: str | None = None
+) -> str:
+    """Run a command that must fail with ``code`` and one error line; its stderr."""
+    result = run(*args, env=env, stdin=stdin)
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def named_plan(
+    name: str, *, kv_gib: float = 1, baseline_gib: float = 70, age_days: float = 0, **factors: Any
+) -> Plan:
+    """A plan of model ``name`` on an ``NVIDIA H100`` (unless ``factors`` say otherwise),
+    recorded ``age_days`` ago by host ``host-{name}``."""
+    return make_plan(
+        int(kv_gib * GiB),
+        int(baseline_gib * GiB),
+        {"model": name, "device_name": "NVIDIA H100", **factors},
+        producer={"host": f"host-{name}", "plancache": "test"},
+        created_at=time.time() - age_days * DAY,
+    )
+
+
+def fill(root: Path, n: int) -> None:
+    """Put ``n`` distinct plans into the local store at ``root``."""
+    s = open_store(str(root))
+    for i in range(n):
+        s.put(named_plan(f"p{i}"))
+
+
+def write_raw(root: Path, fp: str, data: bytes) -> None:
+    """Store ``data`` as the record under ``fp`` in the local store at ``root``, unchecked."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / object_name(fp)).write_bytes(data)
+
+
+def record_bytes(drop: str = "", **fields: Any) -> bytes:
+    """A schema-1 record with ``fields`` overridden and ``drop`` left out (may break any rule)."""
+    factors = fields.pop("factors", {"model": "broken"})
+    record = {
+        "schema": 1,
+        "fingerprint": fingerprint(factors),
+        "factors": factors,
+        "kv_cache_memory_bytes": GiB,
+        "free_memory_baseline": 2 * GiB,
+        "created_at": time.time(),
+        "producer": {},
+        **fields,
+    }
+    record.pop(drop, None)
+    return json.dumps(record).encode()

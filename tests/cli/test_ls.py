@@ -1,0 +1,94 @@
+"""``plancache ls`` and ``plancache stats``: what a store holds, at a glance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plancache import open_store
+from plancache.testing import GiB, child_env
+from tests.cli.helpers import LocalFixture, failure, ok
+
+
+def test_ls_lists_plans_and_invalid_records(store: LocalFixture) -> None:
+    root, plans, bad = store
+    text = ok("ls", str(root))
+    lines = text.splitlines()
+    headers = ["FINGERPRINT", "DEVICE", "KV", "GiB", "BASELINE", "GiB", "AGE", "HOST"]
+    assert lines[0].split() == headers
+    assert [line[:12] for line in lines[1:4]] == [p.fingerprint[:12] for p in plans]  # newest 1st
+    assert "NVIDIA A10G" in lines[2] and "1.00" in lines[2] and "60.00" in lines[2]
+    assert "20d" in lines[2] and "host-b" in lines[2]
+    assert bad[:12] in text and "exceeds free_memory_baseline" in text
+    assert lines[-1] == f"3 plans, 1 invalid, in {root}"
+
+    rows = json.loads(ok("ls", str(root), "--json", "--sort", "kv"))
+    valid = [r for r in rows if r["valid"]]
+    assert [r["kv_cache_memory_bytes"] for r in valid] == [3 * GiB, 2 * GiB, 1 * GiB]
+    assert valid[0]["fingerprint"] == plans[0].fingerprint
+    assert valid[0]["device"] == "NVIDIA H100" and valid[0]["producer"]["host"] == "host-a"
+    assert rows[-1] == {
+        "fingerprint": bad,
+        "valid": False,
+        "error": rows[-1]["error"],
+        "bytes": rows[-1]["bytes"],
+    }
+    assert "exceeds" in rows[-1]["error"]
+
+    by_baseline = json.loads(ok("ls", str(root), "--json", "--sort", "baseline"))
+    assert [r["free_memory_baseline"] for r in by_baseline if r["valid"]] == [
+        80 * GiB,
+        70 * GiB,
+        60 * GiB,
+    ]
+    by_device = json.loads(ok("ls", str(root), "--json", "--sort", "device"))
+    assert by_device[0]["device"] == "NVIDIA A10G"
+    by_fp = json.loads(ok("ls", str(root), "--json", "--sort", "fp"))
+    fps = [r["fingerprint"] for r in by_fp if r["valid"]]
+    assert fps == sorted(fps)
+
+
+def test_ls_uses_the_environment(tmp_path: Path, store: LocalFixture) -> None:
+    root, plans, _ = store
+    assert plans[0].fingerprint[:12] in ok("ls", env=child_env(PLANCACHE_URL=str(root)))
+    default = tmp_path / "vllm-cache" / "startup_plan"  # {VLLM_CACHE_ROOT}/startup_plan
+    open_store(str(default)).put(plans[1])
+    out = ok("ls", "--json", env=child_env(VLLM_CACHE_ROOT=str(default.parent)))
+    assert [r["fingerprint"] for r in json.loads(out)] == [plans[1].fingerprint]
+    err = failure("ls", env=child_env(PLANCACHE_URL=str(root), PLANCACHE_TIMEOUT="soon"))
+    assert err.startswith("plancache: error: PLANCACHE_TIMEOUT='soon'")
+
+
+def test_local_commands_import_no_cloud_client(store: LocalFixture) -> None:
+    root, _, _ = store
+    code = (
+        "import sys; from plancache.cli import main; main(['stats', sys.argv[1]]); "
+        "print(sorted(m for m in ('s3fs', 'gcsfs', 'botocore') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_stats(store: LocalFixture) -> None:
+    root, plans, _ = store
+    stats = json.loads(ok("stats", str(root), "--json"))
+    size = sum(f.stat().st_size for f in root.glob("startup_plan_*.json"))
+    assert stats["url"] == str(root)
+    assert (stats["plans"], stats["invalid"], stats["bytes"]) == (3, 1, size)
+    assert stats["oldest"] == pytest.approx(plans[2].created_at)
+    assert stats["newest"] == pytest.approx(plans[0].created_at)
+    assert stats["devices"] == {"NVIDIA H100": 2, "NVIDIA A10G": 1}
+    text = ok("stats", str(root))
+    assert "3 (1 invalid)" in text and "(40d ago)" in text
+    assert "NVIDIA H100 (2), NVIDIA A10G (1)" in text
