@@ -245,7 +245,8 @@ class Pruning:
     temp_files: int | None
     """Abandoned temp files removed (or that would be); None for stores other than local."""
     invalid: int
-    """Invalid records left in place (``verify(fix=True)`` deletes them)."""
+    """Records that are no plan of this version (invalid, or of another schema), left in
+    place; ``verify(fix=True)`` deletes the invalid ones."""
 
 
 def prune(

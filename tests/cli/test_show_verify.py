@@ -124,7 +124,13 @@ def test_rm(store: LocalFixture) -> None:
 
 def test_fingerprint(tmp_path: Path, store: LocalFixture) -> None:
     root, plans, _ = store
-    factors: dict[str, Scalar] = {"model": "m", "gpu_memory_utilization": 0.9, "tp": 2, "eager": False, "x": None}
+    factors: dict[str, Scalar] = {
+        "model": "m",
+        "gpu_memory_utilization": 0.9,
+        "tp": 2,
+        "eager": False,
+        "x": None,
+    }
     path = tmp_path / "factors.json"
     path.write_text(json.dumps(factors, indent=4))
     expected = [
