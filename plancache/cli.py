@@ -207,7 +207,7 @@ def _device(plan: Plan) -> str:
 
 
 def _host(plan: Plan) -> str:
-    return str(plan.producer.get("host", "-"))
+    return str(plan.newest.producer.get("host", "-"))
 
 
 def _n(count: int, noun: str) -> str:
@@ -335,7 +335,7 @@ def _entry_json(e: Entry, now: float) -> dict[str, Any]:
         "free_memory_baseline": p.free_memory_baseline,
         "created_at": p.created_at,
         "age_seconds": now - p.created_at,
-        "producer": dict(p.producer),
+        "producer": dict(p.newest.producer),
         "bytes": len(e.raw),
     }
 
@@ -361,7 +361,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"kv cache     {_gib(p.kv_cache_memory_bytes)} GiB ({p.kv_cache_memory_bytes} bytes)")
     print(f"baseline     {_gib(p.free_memory_baseline)} GiB ({p.free_memory_baseline} bytes)")
     print(f"created      {_when(p.created_at, now)}")
-    print(f"producer     {' '.join(f'{k}={v}' for k, v in sorted(p.producer.items())) or '-'}")
+    print(
+        f"producer     {' '.join(f'{k}={v}' for k, v in sorted(p.newest.producer.items())) or '-'}"
+    )
     print(f"store        {store.url}")
     print("factors")
     for key in sorted(p.factors):
