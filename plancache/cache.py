@@ -21,7 +21,7 @@ from plancache.defaults import DEFAULT_BUDGET_S
 from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
 from plancache.fingerprint import fingerprint
 from plancache.gate import gate
-from plancache.plan import Plan, Scalar
+from plancache.plan import Observation, Plan, Scalar
 from plancache.reasons import Reason, RecordReason
 from plancache.store import PlanStore, PutOutcome
 
@@ -40,7 +40,10 @@ class Decision:
     fingerprint: str | None
     seconds: float
     plan: Plan | None = None
+    """The record found, if any."""
     detail: str = ""
+    observation: Observation | None = None
+    """The observation applied (on a hit): the largest KV whose baseline the gate accepts."""
 
     @property
     def hit(self) -> bool:
@@ -155,7 +158,7 @@ class PlanCache:
         start = time.perf_counter()
         fp: str | None = None
         plan: Plan | None = None
-        kv: int | None = None
+        chosen: Observation | None = None
         detail = ""
         try:
             fp = fingerprint(factors)
@@ -175,8 +178,10 @@ class PlanCache:
                 if plan is None:
                     reason = Reason.MISS
                 else:
-                    kv, reason = gate(plan, current_free_memory)
-        decision = Decision(kv, reason, fp, time.perf_counter() - start, plan, detail)
+                    chosen, reason = gate(plan, current_free_memory)
+        kv = None if chosen is None else chosen.kv_cache_memory_bytes
+        seconds = time.perf_counter() - start
+        decision = Decision(kv, reason, fp, seconds, plan, detail, chosen)
         _log_lookup(decision, current_free_memory)
         return decision
 
@@ -186,9 +191,11 @@ class PlanCache:
         *,
         kv_cache_memory_bytes: int,
         free_memory_baseline: int,
+        labels: Mapping[str, Scalar] | None = None,
     ) -> Recorded:
-        """Store the outcome of a profiled boot under ``fingerprint(factors)``, merging with
-        what is there. Bounded by the time budget; never raises."""
+        """Store the outcome of a profiled boot under ``fingerprint(factors)`` as one
+        observation, merged into the record's frontier (``labels``: descriptive, never part
+        of the key). Bounded by the time budget; never raises."""
         start = time.perf_counter()
         fp: str | None = None
         outcome: PutOutcome | None = None
@@ -199,6 +206,7 @@ class PlanCache:
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 free_memory_baseline=free_memory_baseline,
                 producer={"host": os.uname().nodename, "plancache": __version__},
+                labels=labels,
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise
@@ -238,10 +246,15 @@ def _gib(value: object) -> str:
 
 def _log_lookup(d: Decision, current_free_memory: object) -> None:
     extra = ""
-    if d.plan is not None:
+    if d.observation is not None:
         extra = (
-            f" kv={_gib(d.plan.kv_cache_memory_bytes)}"
-            f" baseline={_gib(d.plan.free_memory_baseline)} free={_gib(current_free_memory)}"
+            f" kv={_gib(d.observation.kv_cache_memory_bytes)}"
+            f" baseline={_gib(d.observation.free_memory_baseline)}"
+        )
+    if d.plan is not None:
+        extra += (
+            f" free={_gib(current_free_memory)} observations={len(d.plan.observations)}"
+            f" lowest-baseline={_gib(d.plan.free_memory_baseline)}"
         )
     quiet = d.reason in (Reason.HIT, Reason.MISS) or d.reason.startswith("gate")
     level = logging.INFO if quiet else logging.WARNING

@@ -15,7 +15,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,8 @@ def _scrub(message: str, args: argparse.Namespace) -> str:
     return scrub(message, secrets)
 
 
-def _host(plan: Plan) -> str:
-    return str(plan.producer.get("host", "-"))
+def _host(producer: Mapping[str, Any]) -> str:
+    return str(producer.get("host", "-"))
 
 
 # -- subcommands -------------------------------------------------------------------------------
@@ -139,17 +139,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
     rows = [
         [
             p.fingerprint[:12],
+            inventory.model(p),
             device(p),
+            str(len(p.observations)),
             gib(p.kv_cache_memory_bytes),
             gib(p.free_memory_baseline),
             age(now - p.created_at),
-            _host(p),
+            _host(p.newest.producer),
         ]
         for p, _ in valid
     ]
     if rows:
-        headers = ["FINGERPRINT", "DEVICE", "KV GiB", "BASELINE GiB", "AGE", "HOST"]
-        print_table(headers, rows, right={2, 3, 4})
+        headers = ["FINGERPRINT", "MODEL", "DEVICE", "OBS", "MAX KV GiB", "MIN BASELINE GiB"]
+        print_table([*headers, "AGE", "HOST"], rows, right={3, 4, 5, 6})
     if invalid:
         print("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
@@ -176,11 +178,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     now = time.time()
     width = max(len(k) for k in p.factors) if p.factors else 0
     print(f"fingerprint  {p.fingerprint}")
-    print(f"kv cache     {gib(p.kv_cache_memory_bytes)} GiB ({p.kv_cache_memory_bytes} bytes)")
-    print(f"baseline     {gib(p.free_memory_baseline)} GiB ({p.free_memory_baseline} bytes)")
-    print(f"created      {when(p.created_at, now)}")
-    print(f"producer     {' '.join(f'{k}={v}' for k, v in sorted(p.producer.items())) or '-'}")
+    print(f"model        {inventory.model(p)}")
     print(f"store        {store.url}")
+    print(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
+    rows = [
+        [
+            gib(o.free_memory_baseline),
+            gib(o.kv_cache_memory_bytes),
+            when(o.created_at, now),
+            " ".join(f"{k}={v}" for k, v in sorted(o.producer.items())) or "-",
+        ]
+        for o in p.observations
+    ]
+    print_table(["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"], rows, right={0, 1})
+    if p.labels:
+        print("labels")
+        for key in sorted(p.labels):
+            print(f"  {key}  {orjson.dumps(p.labels[key]).decode()}")
     print("factors")
     for key in sorted(p.factors):
         print(f"  {key.ljust(width)}  {orjson.dumps(p.factors[key]).decode()}")
@@ -215,11 +229,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store = _open(args, args.url)
     now = time.time()
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
-    verb = "would delete" if args.dry_run else "deleted"
+    verb = "would drop" if args.dry_run else "dropped"
     for p in result.plans:
-        print(f"{verb} {p.fingerprint}  {age(now - p.created_at)} old  {device(p)}")
-    pruned = plural(len(result.plans), "plan")
-    summary = f"{verb} {pruned} older than {age(args.older_than)} in {store.url}"
+        old = sum(now - o.created_at > args.older_than for o in p.observations)
+        print(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+    summary = (
+        f"{verb} {plural(result.observations, 'observation')} older than "
+        f"{age(args.older_than)} in {store.url}, "
+        f"{'would delete' if args.dry_run else 'deleted'} {plural(result.deleted, 'plan')}"
+    )
     if result.temp_files is not None:
         summary += f", and {plural(result.temp_files, 'abandoned temp file')}"
     if result.invalid:

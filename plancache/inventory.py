@@ -8,6 +8,7 @@ overwritten or deleted. Reads and writes run on a few threads (store I/O is late
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from plancache.backends.local import LocalStore
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
-from plancache.plan import Plan
+from plancache.plan import Observation, Plan
 from plancache.store import PlanStore, PutOutcome
 
 T = TypeVar("T")
@@ -50,6 +51,11 @@ def device(plan: Plan) -> str:
     """The device ``plan`` was recorded on, or ``-`` if its factors do not say."""
     value = plan.factors.get(DEVICE_FACTOR)
     return "-" if value is None else str(value)
+
+
+def model(plan: Plan) -> str:
+    """The model the plan is for, from its ``model`` label (``-`` if unlabelled)."""
+    return str(plan.labels.get("model", "-"))
 
 
 def _parallel(
@@ -241,7 +247,12 @@ class Pruning:
     """The outcome of ``prune``."""
 
     plans: list[Plan]
-    """Plans deleted (or, in a dry run, that would be), in fingerprint order."""
+    """Records that lost observations (or, in a dry run, would), as they were, in
+    fingerprint order."""
+    observations: int
+    """Observations dropped (or that would be)."""
+    deleted: int
+    """Records deleted because none of their observations was left (or that would be)."""
     temp_files: int | None
     """Abandoned temp files removed (or that would be); None for stores other than local."""
     invalid: int
@@ -252,25 +263,32 @@ class Pruning:
 def prune(
     store: PlanStore, older_than: float, *, dry_run: bool = False, now: float | None = None
 ) -> Pruning:
-    """Delete the plans created more than ``older_than`` seconds before ``now`` (default:
-    the current time), each re-read first so that a newer plan written since is kept;
-    on a local store, also the temp files that killed writers left behind."""
+    """Drop the observations created more than ``older_than`` seconds before ``now``
+    (default: the current time), through the store's compare-and-swap (``rewrite``), so
+    that observations written since are kept; a record is deleted only when none of its
+    observations is left. On a local store, also the temp files killed writers left."""
     cutoff = (time.time() if now is None else now) - older_than
+
+    def fresh(o: Observation) -> bool:
+        return o.created_at >= cutoff
+
     entries = scan(store)
     pruned: list[Plan] = []
+    dropped = deleted = 0
     for e in entries:
-        if e.plan is None or e.plan.created_at >= cutoff:
+        if e.plan is None or all(fresh(o) for o in e.plan.observations):
             continue
-        if not dry_run:
-            again = read_entry(store, e.fingerprint)
-            if again is None or again.plan is None or again.plan.created_at >= cutoff:
-                continue
-            store.delete(e.fingerprint)
         pruned.append(e.plan)
+        dropped += sum(not fresh(o) for o in e.plan.observations)
+        if dry_run:
+            deleted += e.plan.keeping(fresh) is None
+            continue
+        with contextlib.suppress(InvalidPlanError):  # turned invalid since: verify's job
+            deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh)) is None
     temps = None
     if isinstance(store, LocalStore):
         temps = store.remove_stale_temp_files(dry_run=dry_run)
-    return Pruning(pruned, temps, sum(e.plan is None for e in entries))
+    return Pruning(pruned, dropped, deleted, temps, sum(e.plan is None for e in entries))
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
@@ -287,10 +305,13 @@ def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
         "fingerprint": p.fingerprint,
         "valid": True,
         "device": device(p),
+        "model": model(p),
+        "observations": len(p.observations),
         "kv_cache_memory_bytes": p.kv_cache_memory_bytes,
         "free_memory_baseline": p.free_memory_baseline,
         "created_at": p.created_at,
         "age_seconds": (time.time() if now is None else now) - p.created_at,
-        "producer": dict(p.producer),
+        "producer": dict(p.newest.producer),
+        "labels": dict(p.labels),
         "bytes": len(entry.raw),
     }

@@ -1,16 +1,24 @@
-"""The plan record: validation, canonical encoding and decoding (pure; no I/O).
+"""The plan record: observations, validation, canonical encoding and decoding (pure; no I/O).
 
-A plan is the outcome of one fully profiled vLLM boot for one worker. Every record is
+A plan holds what fully profiled vLLM boots of one worker measured under one key: a frontier
+of observations ``(free_memory_baseline, kv_cache_memory_bytes)`` in which a lower baseline
+always comes with a smaller KV cache (no observation dominates another). Every record is
 self-verifying: its ``fingerprint`` is the sha256 of the canonical encoding of its
 ``factors``, so a record can be checked without trusting where it came from.
+
+Schema 2 (this version) writes ``observations`` and ``labels``; a schema-1 record (plancache
+0.1.0: one observation at top level) is read as a one-point frontier and upgraded by the
+next write; any other schema is ``UnsupportedSchemaError``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -19,9 +27,21 @@ import orjson
 
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 
-SCHEMA = 1
+SCHEMA = 2
+"""The schema this version writes."""
+LEGACY_SCHEMA = 1
+"""The schema of plancache 0.1.0, read as a one-point frontier."""
 MAX_RECORD_BYTES = 64 * 1024
 """Largest encoded record accepted; readers fetch at most this plus one byte."""
+MAX_OBSERVATIONS = 32
+"""Most observations a record keeps (see ``plancache.merge.frontier`` for which)."""
+MAX_PRODUCER_BYTES = 1024
+"""Largest encoded ``producer`` of one observation."""
+MAX_LABELS = 16
+MAX_LABEL_NAME = 64
+MAX_LABEL_TEXT = 256
+MAX_CREATED_AT = 253402300799.0
+"""9999-12-31T23:59:59Z: the latest ``created_at`` a record may carry (and the earliest is 0)."""
 
 _MAX_INT = 2**63 - 1
 _MIN_FACTOR_INT = -(2**63)
@@ -77,43 +97,135 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One validated schema-1 record. Construction validates every rule; instances are valid."""
+def _timestamp(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidPlanError("created_at must be a number")
+    if not (math.isfinite(value) and 0 <= value <= MAX_CREATED_AT):
+        raise InvalidPlanError(f"created_at must be a time in years 1970..9999, got {value!r:.40}")
+    return float(value)
 
-    fingerprint: str
-    factors: Mapping[str, Scalar]
+
+def _producer(value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidPlanError("producer must be an object")
+    try:
+        size = len(orjson.dumps(dict(value)))
+    except TypeError as exc:  # holds something JSON cannot carry
+        raise InvalidPlanError(f"producer cannot be encoded: {exc}") from exc
+    if size > MAX_PRODUCER_BYTES:
+        raise InvalidPlanError(f"producer is {size} bytes encoded, over {MAX_PRODUCER_BYTES}")
+    return MappingProxyType(dict(value))
+
+
+def _labels(value: object) -> Mapping[str, Scalar]:
+    if not isinstance(value, Mapping):
+        raise InvalidPlanError("labels must be an object")
+    if len(value) > MAX_LABELS:
+        raise InvalidPlanError(f"{len(value)} labels, over {MAX_LABELS}")
+    for name, v in value.items():
+        if type(name) is not str or not 0 < len(name) <= MAX_LABEL_NAME:
+            raise InvalidPlanError(f"label names are strings of 1..{MAX_LABEL_NAME} characters")
+        if type(v) not in _SCALARS:
+            raise InvalidPlanError(f"label {name!r} must be str, int, float, bool or None")
+        if type(v) is str and len(v) > MAX_LABEL_TEXT:
+            raise InvalidPlanError(f"label {name!r} is over {MAX_LABEL_TEXT} characters")
+        if type(v) is float and not math.isfinite(v):
+            raise InvalidPlanError(f"label {name!r} is not a finite number")
+        if type(v) is int and not _MIN_FACTOR_INT <= v < _FACTOR_INT_LIMIT:
+            raise InvalidPlanError(f"label {name!r} is outside the 64-bit range")
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one fully profiled boot measured: the KV cache it allocated with the free memory
+    it started from. Construction validates; ``kv_cache_memory_bytes <= free_memory_baseline``."""
+
     kv_cache_memory_bytes: int
     free_memory_baseline: int
     created_at: float
     producer: Mapping[str, Any] = field(default_factory=dict)
-    schema: int = SCHEMA
 
     def __post_init__(self) -> None:
-        if type(self.schema) is not int or self.schema != SCHEMA:
-            raise InvalidPlanError(f"unsupported schema {self.schema!r} (expected {SCHEMA})")
-        factors = _check_factors(self.factors)
         kv = _positive_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         baseline = _positive_int("free_memory_baseline", self.free_memory_baseline)
         if kv > baseline:
             raise InvalidPlanError(
                 f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
             )
+        object.__setattr__(self, "created_at", _timestamp(self.created_at))
+        object.__setattr__(self, "producer", _producer(self.producer))
+
+    def __hash__(self) -> int:
+        return hash(self.encode())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The observation as plain JSON-ready data."""
+        return {
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "free_memory_baseline": self.free_memory_baseline,
+            "created_at": self.created_at,
+            "producer": dict(self.producer),
+        }
+
+    def encode(self) -> bytes:
+        """Canonical bytes of the observation (sorted keys): its identity in a total order."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_dict(cls, obj: object) -> Observation:
+        """Validate decoded JSON; raises only ``InvalidPlanError``."""
+        if not isinstance(obj, dict):
+            raise InvalidPlanError("an observation must be a JSON object")
+        missing = [k for k in _OBSERVATION_FIELDS if k not in obj]
+        if missing:
+            raise InvalidPlanError(f"observation lacks {', '.join(missing)}")
+        return cls(**{k: obj[k] for k in _OBSERVATION_FIELDS})
+
+
+_OBSERVATION_FIELDS = ("kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One validated record. Construction validates every rule; instances are valid.
+
+    ``observations`` is a frontier sorted by baseline: baselines and KV sizes both strictly
+    increase, so no observation dominates another and the first applies on the most nodes.
+    ``schema`` is the schema the record was read as (``LEGACY_SCHEMA`` or ``SCHEMA``);
+    ``encode`` always writes ``SCHEMA``.
+    """
+
+    fingerprint: str
+    factors: Mapping[str, Scalar]
+    observations: tuple[Observation, ...]
+    labels: Mapping[str, Scalar] = field(default_factory=dict)
+    schema: int = SCHEMA
+
+    def __post_init__(self) -> None:
+        if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
+            raise InvalidPlanError(f"unsupported schema {self.schema!r} (expected {SCHEMA})")
+        factors = _check_factors(self.factors)
         if (
             not isinstance(self.fingerprint, str)
             or self.fingerprint != hashlib.sha256(_encode_checked(factors)).hexdigest()
         ):
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
-        created = self.created_at
-        if isinstance(created, bool) or not isinstance(created, (int, float)):
-            raise InvalidPlanError("created_at must be a number")
-        if not math.isfinite(created):
-            raise InvalidPlanError("created_at must be finite")
-        if not isinstance(self.producer, Mapping):
-            raise InvalidPlanError("producer must be an object")
-        object.__setattr__(self, "created_at", float(created))
+        obs = self.observations
+        if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
+            raise InvalidPlanError("observations must be a tuple of Observation")
+        if not 0 < len(obs) <= MAX_OBSERVATIONS:
+            raise InvalidPlanError(f"a record holds 1..{MAX_OBSERVATIONS} observations")
+        for low, high in itertools.pairwise(obs):
+            if not (
+                low.free_memory_baseline < high.free_memory_baseline
+                and low.kv_cache_memory_bytes < high.kv_cache_memory_bytes
+            ):
+                raise InvalidPlanError(
+                    "observations are not a frontier sorted by baseline (one dominates another)"
+                )
         object.__setattr__(self, "factors", MappingProxyType(factors))
-        object.__setattr__(self, "producer", MappingProxyType(dict(self.producer)))
+        object.__setattr__(self, "labels", _labels(self.labels))
 
     @classmethod
     def new(
@@ -124,35 +236,59 @@ class Plan:
         free_memory_baseline: int,
         producer: Mapping[str, Any] | None = None,
         created_at: float | None = None,
+        labels: Mapping[str, Scalar] | None = None,
     ) -> Plan:
-        """Build a plan for ``factors``; raises :class:`InvalidPlanError` on bad input."""
-        return cls(
-            fingerprint=digest(factors),
-            factors=factors,
+        """A one-observation plan for ``factors``; raises ``InvalidPlanError`` on bad input."""
+        observation = Observation(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             free_memory_baseline=free_memory_baseline,
             created_at=time.time() if created_at is None else created_at,
             producer=producer or {},
         )
+        return cls(digest(factors), factors, (observation,), labels or {})
 
+    # -- the frontier's extremes and newest point, for listings ---------------------------
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        """The largest KV cache any observation allocated (the last one's)."""
+        return self.observations[-1].kv_cache_memory_bytes
+
+    @property
+    def free_memory_baseline(self) -> int:
+        """The lowest baseline of any observation (the first one's): below it nothing applies."""
+        return self.observations[0].free_memory_baseline
+
+    @property
+    def newest(self) -> Observation:
+        """The most recently created observation."""
+        return max(self.observations, key=lambda o: o.created_at)
+
+    @property
+    def created_at(self) -> float:
+        """When the newest observation was made."""
+        return self.newest.created_at
+
+    def keeping(self, keep: Callable[[Observation], bool]) -> Plan | None:
+        """This record with only the observations ``keep`` accepts; None if none is left."""
+        kept = tuple(o for o in self.observations if keep(o))
+        if not kept:
+            return None
+        return Plan(self.fingerprint, self.factors, kept, self.labels)
+
+    # -- encoding -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The record as plain JSON-ready data."""
+        """The record as plain JSON-ready data (always in schema ``SCHEMA``)."""
         return {
-            "schema": self.schema,
+            "schema": SCHEMA,
             "fingerprint": self.fingerprint,
             "factors": dict(self.factors),
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "free_memory_baseline": self.free_memory_baseline,
-            "created_at": self.created_at,
-            "producer": dict(self.producer),
+            "observations": [o.to_dict() for o in self.observations],
+            "labels": dict(self.labels),
         }
 
     def encode(self) -> bytes:
         """JSON bytes of the record; raises :class:`InvalidPlanError` if over the size limit."""
-        try:
-            data = orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
-        except TypeError as exc:  # producer holds something JSON cannot carry
-            raise InvalidPlanError(f"record cannot be encoded: {exc}") from exc
+        data = orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
         if len(data) > MAX_RECORD_BYTES:
             raise InvalidPlanError(f"record is {len(data)} bytes, over {MAX_RECORD_BYTES}")
         return data
@@ -162,38 +298,62 @@ class Plan:
         """Parse and validate a record. Raises only :class:`InvalidPlanError`.
 
         ``expected_fingerprint`` (the key the record was read under) must match the body.
-        Unknown top-level fields are ignored; another integer ``schema`` raises
+        Unknown top-level fields are ignored; duplicate keys are invalid; a schema-1 record
+        is read as a one-point frontier; another integer ``schema`` raises
         :class:`UnsupportedSchemaError` (a miss for the cache; stores never overwrite it).
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
         if len(data) > MAX_RECORD_BYTES:
             raise InvalidPlanError(f"record is over {MAX_RECORD_BYTES} bytes")
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidPlanError(f"record is not valid JSON: {exc}") from exc
+        obj = _loads(bytes(data))
         if not isinstance(obj, dict):
             raise InvalidPlanError("record must be a JSON object")
         schema = obj.get("schema")
-        if type(schema) is int and schema != SCHEMA:
+        if type(schema) is not int:
+            raise InvalidPlanError(f"record's schema must be an int, not {schema!r:.40}")
+        if schema not in (LEGACY_SCHEMA, SCHEMA):
             raise UnsupportedSchemaError(
-                f"record has schema {schema}; this plancache reads {SCHEMA}"
+                f"record has schema {schema}; this plancache reads {LEGACY_SCHEMA} and {SCHEMA}"
             )
-        missing = [k for k in _FIELDS if k not in obj]
+        fields = _LEGACY_FIELDS if schema == LEGACY_SCHEMA else _FIELDS
+        missing = [k for k in fields if k not in obj]
         if missing:
             raise InvalidPlanError(f"record lacks {', '.join(missing)}")
         if expected_fingerprint is not None and obj["fingerprint"] != expected_fingerprint:
             raise InvalidPlanError("record's fingerprint does not match the key it is stored under")
-        return cls(**{k: obj[k] for k in _FIELDS})
+        observations: tuple[Observation, ...]
+        if schema == LEGACY_SCHEMA:
+            observations = (Observation.from_dict(obj),)
+        elif isinstance(obj["observations"], list):
+            observations = tuple(Observation.from_dict(o) for o in obj["observations"])
+        else:
+            raise InvalidPlanError("observations must be a JSON array")
+        return cls(obj["fingerprint"], obj["factors"], observations, obj.get("labels", {}), schema)
 
 
-_FIELDS = (
-    "schema",
-    "fingerprint",
-    "factors",
-    "kv_cache_memory_bytes",
-    "free_memory_baseline",
-    "created_at",
-    "producer",
-)
+_FIELDS = ("schema", "fingerprint", "factors", "observations")
+_LEGACY_FIELDS = ("schema", "fingerprint", "factors", *_OBSERVATION_FIELDS)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise InvalidPlanError("record repeats a key in one object")
+    return obj
+
+
+def _no_constant(name: str) -> None:
+    raise InvalidPlanError(f"record holds {name}, which is not JSON")
+
+
+def _loads(data: bytes) -> object:
+    """Strict JSON: no duplicate keys, no NaN or Infinity, UTF-8 only."""
+    try:
+        return json.loads(
+            data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, InvalidPlanError):
+            raise
+        raise InvalidPlanError(f"record is not valid JSON: {exc}") from None

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 from plancache.errors import InvalidPlanError, PlanStoreConflictError, UnsupportedSchemaError
 from plancache.fingerprint import validate_key
-from plancache.merge import dominates
-from plancache.plan import MAX_RECORD_BYTES, Plan
+from plancache.merge import merge
+from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
 
 log = logging.getLogger("plancache")
 
@@ -44,7 +44,7 @@ class PlanStore(ABC):
 
     - ``get`` returns a valid plan, None for a missing one, or raises ``InvalidPlanError``
       for a record that breaks a rule; never a torn record.
-    - ``put`` is atomic and merges: the stored plan is replaced only by one that dominates it.
+    - ``put`` is atomic and merges: the stored record becomes the merge of it and the new one.
     - transport and permission failures raise ``PlanStoreError`` subclasses.
     - every key is validated before any I/O.
     """
@@ -98,15 +98,23 @@ class PlanStore(ABC):
         return self.get(fp)
 
     def put(self, plan: Plan) -> PutOutcome:
-        """Store ``plan`` with merge semantics: create, else replace a stored plan it
-        dominates (or an invalid record), else keep the stored one (also a record of another
-        schema version). Lost races retry, at most ``max_put_attempts`` times, then
-        ``PlanStoreConflict``."""
+        """Merge ``plan`` into the record under its key; see ``put_merged``."""
+        return self.put_merged(plan)[0]
+
+    def put_merged(self, plan: Plan) -> tuple[PutOutcome, Plan | None]:
+        """(outcome, the record now stored; None where that is another schema's).
+
+        Merges ``plan`` into the record under its key (``plancache.merge``): create it,
+        else replace the stored record by the merge when that changes it (also to upgrade a
+        schema-1 record, or to replace an invalid one), else keep it. A record of an
+        unknown schema is kept, never overwritten. Lost races re-read and merge again, at
+        most ``max_put_attempts`` times, then ``PlanStoreConflictError``. No observation of
+        a CREATED or REPLACED put is lost unless the merge's bound or dominance drops it."""
         fp = validate_key(plan.fingerprint)
         data = plan.encode()
         for _ in range(self.max_put_attempts):
             if self._create(fp, data):
-                return PutOutcome.CREATED
+                return PutOutcome.CREATED, plan
             found = self._read(fp)
             if found is None:  # deleted since: try to create again
                 continue
@@ -114,14 +122,44 @@ class PlanStore(ABC):
             try:
                 stored = Plan.decode(raw, expected_fingerprint=fp)
             except UnsupportedSchemaError:
-                return PutOutcome.KEPT  # another version's record: not ours to replace
+                return PutOutcome.KEPT, None  # another version's record: not ours to replace
             except InvalidPlanError as exc:
                 log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
+                merged = plan
             else:
-                if not dominates(plan, stored):
-                    return PutOutcome.KEPT
-            if self._replace(fp, data, version):
-                return PutOutcome.REPLACED
+                merged = merge(stored, plan)
+                if merged == stored and stored.schema == SCHEMA:
+                    return PutOutcome.KEPT, stored
+            if self._replace(fp, merged.encode(), version):
+                return PutOutcome.REPLACED, merged
+        raise PlanStoreConflictError(
+            f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
+        )
+
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
+        """Replace the valid record under ``fp`` by ``change(record)`` through the same
+        compare-and-swap as ``put`` (None from ``change`` deletes the record); returns what
+        is stored afterwards. A missing record stays missing and ``change`` is not called;
+        an invalid one raises ``InvalidPlanError``. Lost races re-read and call ``change``
+        again, at most ``max_put_attempts`` times. (A delete is not conditional: a record
+        written between the last read and the delete is lost with it.)"""
+        validate_key(fp)
+        for _ in range(self.max_put_attempts):
+            found = self._read(fp)
+            if found is None:
+                return None
+            raw, version = found
+            stored = Plan.decode(raw, expected_fingerprint=fp)
+            changed = change(stored)
+            if changed is None:
+                self._delete(fp)
+                return None
+            if changed.fingerprint != fp:
+                raise ValueError("a rewrite cannot change the record's fingerprint")
+            if changed == stored and stored.schema == SCHEMA:
+                return stored
+            if self._replace(fp, changed.encode(), version):
+                return changed
         raise PlanStoreConflictError(
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )

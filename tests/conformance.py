@@ -17,8 +17,8 @@ import pytest
 
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
 from plancache.errors import UnsupportedSchemaError
-from plancache.merge import dominates
-from plancache.plan import MAX_RECORD_BYTES
+from plancache.merge import covers, frontier
+from plancache.plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
 from tests.plans import GiB, make_plan
 
 BAD_KEYS = [
@@ -48,6 +48,16 @@ def _race_worker(url: str, options: dict[str, Any], seed: int, count: int) -> li
     return written
 
 
+def _staircase_worker(url: str, options: dict[str, Any], index: int) -> list[int]:
+    """Put one observation that no other process's dominates: baseline and KV grow with
+    ``index``. Returns the (kv, baseline) written."""
+    store = open_store(url, **options)
+    kv, baseline = (1 + index) * GiB, (40 + index) * GiB
+    store.put(make_plan(kv, baseline))
+    store.close()
+    return [kv, baseline]
+
+
 class StoreContract:
     """Every store contract test, run against the store ``store_spec`` names."""
 
@@ -64,15 +74,21 @@ class StoreContract:
         store.close()
 
     def assert_not_dominated(self, store: PlanStore, written: list[Plan]) -> None:
+        """The stored frontier is exactly the frontier of every observation written: each
+        one is in it or dominated by a point of it, and each point was written."""
         final = store.get(written[0].fingerprint)
         assert final is not None
-        assert any(
-            (p.kv_cache_memory_bytes, p.free_memory_baseline)
-            == (final.kv_cache_memory_bytes, final.free_memory_baseline)
-            for p in written
-        ), "the stored plan is none of the plans written"
-        beaten = [p for p in written if dominates(p, final)]
-        assert not beaten, f"stored plan is dominated by {beaten[0]}"
+        observations = [o for p in written for o in p.observations]
+        points = {(o.kv_cache_memory_bytes, o.free_memory_baseline) for o in observations}
+        for o in final.observations:
+            assert (o.kv_cache_memory_bytes, o.free_memory_baseline) in points
+        if len(final.observations) < MAX_OBSERVATIONS:
+            lost = [o for o in observations if not covers(final.observations, o)]
+            assert not lost, f"observations lost: {lost[:3]}"
+        expected = frontier(observations)
+        assert [(o.kv_cache_memory_bytes, o.free_memory_baseline) for o in final.observations] == [
+            (o.kv_cache_memory_bytes, o.free_memory_baseline) for o in expected
+        ]
 
     def test_get_missing_is_none(self, store: PlanStore) -> None:
         assert store.get(make_plan().fingerprint) is None
@@ -97,15 +113,45 @@ class StoreContract:
         assert store.get(better.fingerprint) == better
 
     @pytest.mark.parametrize(
-        ("kv", "baseline"), [(9 * GiB, 70 * GiB), (10 * GiB, 71 * GiB), (12 * GiB, 75 * GiB)]
+        ("kv", "baseline"), [(9 * GiB, 70 * GiB), (10 * GiB, 71 * GiB), (10 * GiB, 70 * GiB)]
     )
-    def test_dominated_or_incomparable_plan_is_kept(
+    def test_dominated_or_equal_observation_is_kept(
         self, store: PlanStore, kv: int, baseline: int
     ) -> None:
         first = make_plan()
         store.put(first)
         assert store.put(make_plan(kv, baseline)) is PutOutcome.KEPT
         assert store.get(first.fingerprint) == first
+
+    @pytest.mark.parametrize(
+        ("kv", "baseline"), [(12 * GiB, 75 * GiB), (9 * GiB, 60 * GiB), (1 * GiB, 1 * GiB)]
+    )
+    def test_an_incomparable_observation_joins_the_frontier(
+        self, store: PlanStore, kv: int, baseline: int
+    ) -> None:
+        first, other = make_plan(), make_plan(kv, baseline)
+        store.put(first)
+        assert store.put(other) is PutOutcome.REPLACED
+        stored = store.get(first.fingerprint)
+        assert stored is not None
+        assert stored.observations == frontier((*first.observations, *other.observations))
+        assert len(stored.observations) == 2
+        assert store.put(other) is PutOutcome.KEPT and store.put(first) is PutOutcome.KEPT
+
+    def test_a_schema_1_record_applies_and_is_upgraded_by_the_next_write(
+        self, store: PlanStore
+    ) -> None:
+        plan = make_plan()
+        (o,) = plan.observations
+        legacy = {"schema": 1, "fingerprint": plan.fingerprint, "factors": dict(plan.factors)}
+        assert store._create(plan.fingerprint, orjson.dumps(legacy | o.to_dict()))
+        read = store.get(plan.fingerprint)
+        assert read is not None and read.schema == 1 and read.observations == plan.observations
+        assert store.put(plan) is PutOutcome.REPLACED  # same point, written as schema 2
+        raw = store.read_raw(plan.fingerprint)
+        assert raw is not None and orjson.loads(raw)["schema"] == 2
+        assert store.get(plan.fingerprint) == plan
+        assert store.put(plan) is PutOutcome.KEPT
 
     def test_plans_of_other_factors_do_not_interact(self, store: PlanStore) -> None:
         a, b = make_plan(), make_plan(5 * GiB, 50 * GiB, {"model": "other"})
@@ -128,7 +174,7 @@ class StoreContract:
 
     def test_record_of_another_schema_version_is_never_overwritten(self, store: PlanStore) -> None:
         plan = make_plan()
-        newer = orjson.dumps({"schema": 2, "fingerprint": plan.fingerprint, "future": [1]})
+        newer = orjson.dumps({"schema": 3, "fingerprint": plan.fingerprint, "future": [1]})
         assert store._create(plan.fingerprint, newer)
         with pytest.raises(UnsupportedSchemaError):
             store.get(plan.fingerprint)
@@ -201,3 +247,22 @@ class StoreContract:
             self.assert_not_dominated(store, written)
         finally:
             store.close()
+
+    def test_processes_adding_incomparable_observations_lose_none(self, store_spec: Any) -> None:
+        if not self.supports_processes:
+            pytest.skip("this store lives in one process")
+        url, options = store_spec
+        ctx = multiprocessing.get_context("spawn")
+        args = [(url, options, i) for i in range(self.race_processes)]
+        with ctx.Pool(self.race_processes) as pool:
+            results = pool.starmap_async(_staircase_worker, args).get(timeout=120)
+        store = open_store(url, **options)
+        try:
+            final = store.get(make_plan().fingerprint)
+        finally:
+            store.close()
+        assert final is not None
+        stored = sorted(
+            [o.kv_cache_memory_bytes, o.free_memory_baseline] for o in final.observations
+        )
+        assert stored == sorted(results)  # every node keeps exactly what it measured

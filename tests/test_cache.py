@@ -61,7 +61,7 @@ def test_miss_then_record_then_hit(store: PlanStore, caplog: pytest.LogCaptureFi
     assert (r.outcome, r.reason, r.fingerprint) == (PutOutcome.CREATED, "created", d.fingerprint)
     d = cache.lookup(FACTORS, 80 * GiB)
     assert (d.kv_cache_memory_bytes, d.reason) == (10 * GiB, "hit")
-    assert d.plan is not None and d.plan.producer["host"]
+    assert d.plan is not None and d.observation is not None and d.observation.producer["host"]
     lines = [r.getMessage() for r in caplog.records]
     assert any("lookup miss fp=" + d.fingerprint[:12] in m and " ms" in m for m in lines)
     assert any("record created" in m for m in lines)
@@ -173,11 +173,11 @@ def test_warm_never_raises(tmp_path: Path) -> None:
 
 def test_a_newer_schema_record_is_a_miss_and_is_kept(store: PlanStore) -> None:
     fp = make_plan().fingerprint
-    store._create(fp, b'{"schema": 2, "fingerprint": "%s"}' % fp.encode())
+    store._create(fp, b'{"schema": 3, "fingerprint": "%s"}' % fp.encode())
     cache = PlanCache(store)
     d = cache.lookup(FACTORS, 80 * GiB)
     assert (d.kv_cache_memory_bytes, d.reason) == (None, "miss")
-    assert "schema 2" in d.detail
+    assert "schema 3" in d.detail
     r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
     assert r.outcome is PutOutcome.KEPT
 

@@ -8,6 +8,7 @@ import pytest
 
 from plancache import applicable_kv_cache_memory_bytes
 from plancache.merge import dominates
+from plancache.plan import Observation
 from tests.plans import GiB, make_plan
 
 
@@ -30,15 +31,13 @@ def test_gate(free: Any, expected: int | None) -> None:
 
 
 def test_dominance_is_a_strict_partial_order() -> None:
-    base = make_plan()
-    more_kv = make_plan(kv=11 * GiB)
-    lower_baseline = make_plan(baseline=60 * GiB)
-    both = make_plan(kv=11 * GiB, baseline=60 * GiB)
-    incomparable = make_plan(kv=12 * GiB, baseline=75 * GiB)
-    other_key = make_plan(kv=20 * GiB, baseline=30 * GiB, factors={"model": "x"})
+    def point(kv: int, baseline: int) -> Observation:
+        return Observation(kv * GiB, baseline * GiB, 0.0)
+
+    base, more_kv, lower_baseline = point(10, 70), point(11, 70), point(10, 60)
+    both, incomparable = point(11, 60), point(12, 75)
     assert dominates(more_kv, base) and dominates(lower_baseline, base)
     assert dominates(both, more_kv) and dominates(both, lower_baseline)
     assert not dominates(base, base)
     assert not dominates(base, more_kv)
     assert not dominates(incomparable, base) and not dominates(base, incomparable)
-    assert not dominates(other_key, base)

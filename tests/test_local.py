@@ -101,7 +101,7 @@ def test_full_disk_is_a_store_error_and_leaves_no_temp_file(tiny_tmpfs: Path) ->
         f.write(b"\0" * 64 * 1024)  # fills the 16 KiB tmpfs
     store = LocalStore(tiny_tmpfs)
     big = Plan.new(
-        FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2, producer={"pad": "x" * 20_000}
+        {**FACTORS, "pad": "x" * 20_000}, kv_cache_memory_bytes=1, free_memory_baseline=2
     )
     with pytest.raises(PlanStoreError, match="No space"):
         store.put(big)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from plancache import InvalidPlanError, Plan, fingerprint
 from plancache.fingerprint import validate_key
-from plancache.plan import MAX_RECORD_BYTES, canonical
+from plancache.plan import MAX_RECORD_BYTES, Observation, canonical
 from tests.plans import GiB, make_plan
 
 FROZEN_FACTORS = {
@@ -87,13 +87,18 @@ def test_round_trip_and_unknown_fields_ignored() -> None:
     assert Plan.decode(orjson.dumps(extended)) == plan
 
 
+_OBSERVATION_FIELDS = {"kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer"}
+
+
 def _record(**changes: Any) -> bytes:
+    """A valid record with ``changes`` applied (observation fields to its one observation)."""
     data = orjson.loads(make_plan().encode())
     for k, v in changes.items():
+        target = data["observations"][0] if k in _OBSERVATION_FIELDS else data
         if v is _DELETE:
-            del data[k]
+            del target[k]
         else:
-            data[k] = v
+            target[k] = v
     return orjson.dumps(data)
 
 
@@ -103,7 +108,8 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"schema": 2}, "schema 2"),
+        ({"schema": 3}, "schema 3"),
+        ({"schema": _DELETE}, "schema"),
         ({"schema": True}, "schema"),
         ({"schema": 1.0}, "schema"),
         ({"schema": "1"}, "schema"),
@@ -116,8 +122,19 @@ _DELETE = object()
         ({"fingerprint": "0" * 64}, "fingerprint"),
         ({"factors": {"model": "tampered"}}, "fingerprint"),
         ({"created_at": "yesterday"}, "created_at"),
+        ({"created_at": 1e300}, "created_at"),
+        ({"created_at": 253402300800}, "created_at"),
+        ({"created_at": -1}, "created_at"),
         ({"producer": "me"}, "producer"),
+        ({"producer": {"pad": "x" * 2000}}, "producer"),
         ({"factors": _DELETE}, "lacks"),
+        ({"observations": _DELETE}, "lacks"),
+        ({"observations": []}, "1..32"),
+        ({"observations": {}}, "array"),
+        ({"created_at": _DELETE}, "observation lacks"),
+        ({"labels": {"model": "x" * 300}}, "label"),
+        ({"labels": {f"l{i}": i for i in range(17)}}, "labels"),
+        ({"labels": []}, "labels"),
     ],
 )
 def test_decode_rejects_rule_breakers(changes: dict[str, Any], message: str) -> None:
@@ -131,6 +148,50 @@ def test_decode_rejects_non_records(raw: bytes) -> None:
         Plan.decode(raw)
 
 
+def test_a_record_that_is_not_a_frontier_is_invalid() -> None:
+    data = orjson.loads(make_plan().encode())
+    point = data["observations"][0]
+    dominated = point | {"kv_cache_memory_bytes": point["kv_cache_memory_bytes"] - 1}
+    for observations in ([point, point], [point, dominated], [dominated, point]):
+        with pytest.raises(InvalidPlanError, match="frontier"):
+            Plan.decode(orjson.dumps(data | {"observations": observations}))
+
+
+def test_duplicate_keys_are_invalid() -> None:
+    raw = make_plan().encode()
+    with pytest.raises(InvalidPlanError, match="repeats"):
+        Plan.decode(raw[:-1] + b',"schema":2}')
+    inner = raw.replace(b'"created_at":', b'"created_at":1.0,"created_at":', 1)
+    with pytest.raises(InvalidPlanError, match="repeats"):
+        Plan.decode(inner)
+
+
+def test_a_schema_1_record_reads_as_a_one_point_frontier() -> None:
+    legacy = {
+        "schema": 1,
+        "fingerprint": fingerprint({"a": 1}),
+        "factors": {"a": 1},
+        "kv_cache_memory_bytes": 10 * GiB,
+        "free_memory_baseline": 70 * GiB,
+        "created_at": 1.7e9,
+        "producer": {"host": "old"},
+    }
+    plan = Plan.decode(orjson.dumps(legacy))
+    assert plan.schema == 1 and len(plan.observations) == 1
+    assert (plan.kv_cache_memory_bytes, plan.free_memory_baseline) == (10 * GiB, 70 * GiB)
+    assert plan.newest.producer == {"host": "old"} and plan.labels == {}
+    assert orjson.loads(plan.encode())["schema"] == 2  # written back as schema 2
+    with pytest.raises(InvalidPlanError, match="lacks"):
+        Plan.decode(orjson.dumps({k: v for k, v in legacy.items() if k != "created_at"}))
+
+
+def test_labels_are_not_part_of_the_key() -> None:
+    a = Plan.new({"a": 1}, kv_cache_memory_bytes=1, free_memory_baseline=2, labels={"m": "x"})
+    b = Plan.new({"a": 1}, kv_cache_memory_bytes=1, free_memory_baseline=2)
+    assert a.fingerprint == b.fingerprint and a.labels == {"m": "x"}
+    assert Plan.decode(a.encode()).labels == {"m": "x"}
+
+
 def test_nan_in_the_body_is_invalid() -> None:
     raw = make_plan().encode().replace(b'"created_at":', b'"created_at":NaN,"x":')
     with pytest.raises(InvalidPlanError):
@@ -138,9 +199,9 @@ def test_nan_in_the_body_is_invalid() -> None:
 
 
 def test_size_limit_on_encode_and_decode() -> None:
-    big = {"pad": "x" * MAX_RECORD_BYTES}
+    big = {"a": "x" * MAX_RECORD_BYTES}
     with pytest.raises(InvalidPlanError, match="over"):
-        Plan.new({"a": 1}, kv_cache_memory_bytes=1, free_memory_baseline=1, producer=big).encode()
+        Plan.new(big, kv_cache_memory_bytes=1, free_memory_baseline=1).encode()
     with pytest.raises(InvalidPlanError, match="over"):
         Plan.decode(b" " * (MAX_RECORD_BYTES + 1))
 
@@ -157,7 +218,9 @@ def test_plans_are_immutable() -> None:
     with pytest.raises(TypeError):
         plan.factors["model"] = "x"  # type: ignore[index]
     with pytest.raises(AttributeError):
-        plan.kv_cache_memory_bytes = 1  # type: ignore[misc]
+        plan.observations = ()  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        plan.observations[0].kv_cache_memory_bytes = 1  # type: ignore[misc]
 
 
 json_values = st.recursive(
@@ -165,13 +228,14 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
-fields = st.sampled_from([*Plan.__dataclass_fields__, "extra"])
+fields = st.sampled_from([*Plan.__dataclass_fields__, *Observation.__dataclass_fields__, "extra"])
 
 
 def _assert_rules(plan: Plan) -> None:
-    assert plan.schema == 1
-    assert type(plan.kv_cache_memory_bytes) is int and type(plan.free_memory_baseline) is int
-    assert 0 < plan.kv_cache_memory_bytes <= plan.free_memory_baseline
+    assert plan.schema in (1, 2)
+    for o in plan.observations:
+        assert type(o.kv_cache_memory_bytes) is int and type(o.free_memory_baseline) is int
+        assert 0 < o.kv_cache_memory_bytes <= o.free_memory_baseline
     assert plan.fingerprint == hashlib.sha256(canonical(dict(plan.factors))).hexdigest()
     assert len(plan.encode()) <= MAX_RECORD_BYTES
 

@@ -65,8 +65,8 @@ class TieredStore(PlanStore):
         return self.find(fp, lambda plan: True)
 
     def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
-        """The local tier's plan if ``usable`` accepts it; else the remote's (copied into the
-        local tier, where it replaces a plan it dominates), else the local one."""
+        """The local tier's plan if ``usable`` accepts it; else the remote's (merged into the
+        local tier), else the local one."""
         local = self._get_local(fp)
         if local is not None and usable(local):
             return local
@@ -77,33 +77,39 @@ class TieredStore(PlanStore):
             self._put_local(plan)
         return plan
 
-    def put(self, plan: Plan) -> PutOutcome:
-        """The remote's outcome (merge semantics); the local tier then gets the plan the
-        remote keeps. If the remote fails, the local tier still gets ``plan`` (this node
-        need not profile again) and the error is raised. Read-only: the local tier's
-        outcome; without a local tier, ``PlanStoreReadOnlyError``."""
+    def put_merged(self, plan: Plan) -> tuple[PutOutcome, Plan | None]:
+        """The remote's outcome and record (merge semantics); the local tier then merges the
+        record the remote now holds. If the remote fails, the local tier still gets ``plan``
+        (this node need not profile again) and the error is raised. Read-only: the local
+        tier's; without a local tier, ``PlanStoreReadOnlyError``."""
         if self.read_only:
             if self.local is None:
                 raise PlanStoreReadOnlyError(
                     f"{self.url} is opened read-only and has no local tier"
                 )
-            return self.local.put(plan)
+            return self.local.put_merged(plan)
         try:
-            outcome = self.remote.put(plan)
+            outcome, stored = self.remote.put_merged(plan)
         except PlanStoreError:
             if self.local is not None:
                 self._put_local(plan)
             raise
+        if self.local is not None and stored is not None:
+            self._put_local(stored)
+        return outcome, stored
+
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
+        """Rewrite the remote's record (not in read-only mode), then the local tier's; the
+        remote's result, or in read-only mode the local tier's."""
+        result = None if self.read_only else self.remote.rewrite(fp, change)
         if self.local is not None:
-            winner: Plan | None = plan
-            if outcome is PutOutcome.KEPT:
-                try:
-                    winner = self.remote.get(plan.fingerprint)
-                except InvalidPlanError:  # another version's record: nothing to copy
-                    winner = None
-            if winner is not None:
-                self._put_local(winner)
-        return outcome
+            try:
+                local = self.local.rewrite(fp, change)
+            except (InvalidPlanError, PlanStoreError) as exc:
+                log.warning("plancache: local tier %s: %s", self.local.url, exc)
+            else:
+                result = local if self.read_only else result
+        return result
 
     def delete(self, fp: str) -> bool:
         """Remove from the remote (not in read-only mode) and from the local tier."""
