@@ -34,6 +34,13 @@ if TYPE_CHECKING:  # the stand-in has every attribute the plugin reads
     _standin_worker: WorkerLike = gpu_worker.Worker()
 
 
+def vllm_installed() -> bool:
+    """True if ``import vllm`` finds the real vLLM here, not this folder (which it finds when
+    ``tests/`` is on the path, e.g. ``python -m pytest`` run inside ``tests/``)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None and Path(spec.origin).parent != HERE
+
+
 def fake_software_factors() -> SoftwareFactors:
     """What ``software_factors`` returns on a fixed, imaginary install (no vLLM, no torch)."""
     return {"vllm": "0.0.0+standin", "torch": "0.0.0", "cuda": "", "estimate_cudagraphs": True}

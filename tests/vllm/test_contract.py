@@ -8,7 +8,6 @@ attributes they set, and fingerprints of real ``VllmConfig`` objects.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import json
 import subprocess
@@ -19,13 +18,11 @@ from pathlib import Path
 import pytest
 
 from plancache.testing import child_env
-from tests.vllm.support import REPO
+from tests.vllm.support import REPO, vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vllm is not installed (tox -e vllm)"
-    ),
+    pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (tox -e vllm)"),
 ]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import apply, patch, registration
 from plancache.testing import child_env
-from tests.vllm.support import load_standin
+from tests.vllm.support import load_standin, vllm_installed
 
 
 @pytest.mark.parametrize(
@@ -92,7 +91,7 @@ def test_register_opens_the_store_before_any_lookup(
 def test_register_without_the_worker_module_warns(tmp_path: Path) -> None:
     code = "import plancache.integrations.vllm as p; p.register(); print('ok')"
     env = child_env(PLANCACHE_URL=str(tmp_path))
-    if importlib.util.find_spec("vllm") is not None:
+    if vllm_installed():
         pytest.skip("vllm is installed here")
     out = subprocess.run(
         [sys.executable, "-c", code],
