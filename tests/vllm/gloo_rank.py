@@ -4,6 +4,7 @@ prints what happened as one JSON line.
 usage: gloo_rank.py RANK WORLD_SIZE INIT_FILE FREE_MEMORY_BYTES AGREEMENT_TIMEOUT_S [idle]
 
 ``idle``: join the group but never boot (a peer that does not reach the agreement).
+The checkout's root must be on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import time
 from datetime import timedelta
 
 import torch.distributed as dist
-from vllm_support import load_standin, use_fake_runtime
 
 import plancache.integrations.vllm as plugin
+from plancache.integrations.vllm import agreement
+from tests.vllm.support import load_standin, use_fake_runtime
 
 
 def main(argv: list[str]) -> None:
@@ -34,8 +36,8 @@ def main(argv: list[str]) -> None:
         time.sleep(2 * timeout)
         print(json.dumps({"rank": rank, "idle": True}), flush=True)
         return
-    use_fake_runtime(plugin)
-    plugin.AGREEMENT_TIMEOUT_S = timeout
+    use_fake_runtime()
+    agreement.RANK_AGREEMENT_TIMEOUT_S = timeout
     module = load_standin()
     plugin.patch_worker_module(module)
     worker = module.Worker(rank=rank, world_size=world, free_memory=free)

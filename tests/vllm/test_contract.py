@@ -8,7 +8,6 @@ attributes they set, and fingerprints of real ``VllmConfig`` objects.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import json
 import subprocess
@@ -18,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import child_env
+from plancache.testing import child_env
+from tests.vllm.support import REPO, vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vllm is not installed (tox -e vllm)"
-    ),
+    pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (tox -e vllm)"),
 ]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -46,6 +44,7 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -74,7 +73,8 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
         from vllm.plugins import load_general_plugins
         load_general_plugins()
         import plancache.integrations.vllm as plugin
-        assert plugin._registered
+        from plancache.integrations.vllm import patch, registration
+        assert registration._registered
         assert "vllm.v1.worker.gpu_worker" not in sys.modules
         from vllm.v1.worker import gpu_worker
         report = {}
@@ -89,7 +89,7 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
                 == (original.__name__, original.__qualname__, original.__doc__),
             }
         report["builtins_replaced"] = all(
-            getattr(gpu_worker, f) is plugin._builtin_replaced for f in plugin.BUILTIN_FUNCTIONS
+            getattr(gpu_worker, f) is patch.builtin_replaced for f in plugin.BUILTIN_FUNCTIONS
         )
         handlers = logging.getLogger("plancache").handlers
         report["logs_via_vllm"] = [type(h).__name__ for h in handlers] == ["_ForwardTo"]
@@ -132,8 +132,9 @@ def test_fingerprints_of_real_configs(tmp_path: Path) -> None:
         from vllm.engine.arg_utils import EngineArgs
         import plancache.integrations.vllm as plugin
         from plancache import fingerprint
-        from tests.vllm_support import fake_device_factors
-        plugin.device_factors = fake_device_factors  # no GPU here
+        from plancache.integrations.vllm import factors as plugin_factors
+        from tests.vllm.support import fake_device_factors
+        plugin_factors.device_factors = fake_device_factors  # no GPU here
         out = {{}}
         for util in (0.9, 0.5):
             cfg = EngineArgs(
@@ -149,7 +150,7 @@ def test_fingerprints_of_real_configs(tmp_path: Path) -> None:
                                "factors": factors}}
         print(json.dumps(out))
     """
-    env = child_env([Path(__file__).parent], **VLLM_ENV)
+    env = child_env([REPO], **VLLM_ENV)
     first, second = (run_python(code, env) for _ in range(2))
     a, b = last_json(first), last_json(second)
     high, low = a["0.9"], a["0.5"]

@@ -1,0 +1,69 @@
+"""vLLM general plugin: skip KV-cache memory profiling at boot with a plan from any store.
+
+Registered under the entry-point group ``vllm.general_plugins`` as ``plancache``; vLLM calls
+:func:`register` once per process (API server, engine core, each worker). It does nothing
+unless enabled: ``PLANCACHE_URL`` set, ``PLANCACHE_ENABLE=1``, or vLLM's own
+``VLLM_ENABLE_STARTUP_PLAN=1`` (then plancache replaces vLLM's built-in startup plan, which
+neither applies nor saves anything). ``PLANCACHE_ENABLE=0`` turns it off whatever else is set.
+
+When enabled, it wraps ``vllm.v1.worker.gpu_worker.Worker``'s
+``determine_available_memory`` (look up, agree across ranks, apply) and
+``compile_or_warm_up_model`` (save after it returned), as soon as that module is imported,
+so processes that never import it (the API server) pay nothing. Guarantees:
+
+- an explicit ``--kv-cache-memory-bytes`` is always respected: no lookup, no save;
+- the fingerprint is computed once, at lookup, and the save uses the same factors, however
+  the config changes during startup;
+- a plan is applied only if every rank of the worker group can apply its own; if the
+  agreement itself fails, this rank profiles;
+- a plan is saved only by a boot that profiled, after ``compile_or_warm_up_model`` returned,
+  and it records what that boot allocated (``available_kv_cache_memory_bytes``);
+- nothing here raises into vLLM's boot path because of a store, a config or a missing
+  attribute; a vLLM without the wrapped methods gets one warning and no patch.
+
+Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point, logs),
+``patch`` (the import hook and the method wrappers), ``apply`` (lookup, apply, save, the
+boot state, the process's cache), ``factors`` (the plan key's factors), ``agreement`` (the
+rank agreement), ``worker`` (the worker attributes read). Importing this package imports
+neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from plancache.integrations.vllm.apply import (
+    BootMode,
+    maybe_apply_startup_plan,
+    maybe_save_startup_plan,
+)
+from plancache.integrations.vllm.enable import enabled
+from plancache.integrations.vllm.factors import (
+    WorkerFactors,
+    device_factors,
+    software_factors,
+    worker_factors,
+)
+from plancache.integrations.vllm.patch import (
+    BUILTIN_FUNCTIONS,
+    TARGET_MODULE,
+    WRAPPED_METHODS,
+    patch_worker_module,
+)
+from plancache.integrations.vllm.registration import register
+from plancache.integrations.vllm.worker import WorkerLike
+
+__all__ = [
+    "BUILTIN_FUNCTIONS",
+    "TARGET_MODULE",
+    "WRAPPED_METHODS",
+    "BootMode",
+    "WorkerFactors",
+    "WorkerLike",
+    "device_factors",
+    "enabled",
+    "maybe_apply_startup_plan",
+    "maybe_save_startup_plan",
+    "patch_worker_module",
+    "register",
+    "software_factors",
+    "worker_factors",
+]

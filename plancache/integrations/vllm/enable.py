@@ -1,0 +1,27 @@
+"""Whether the plugin acts in this process, read from the environment (pure)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from plancache.config import parse_bool
+from plancache.errors import ConfigError
+
+log = logging.getLogger("plancache.vllm")
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """True if the plugin should act: ``PLANCACHE_ENABLE`` decides when set; otherwise
+    ``PLANCACHE_URL`` set or ``VLLM_ENABLE_STARTUP_PLAN=1``. A malformed value: warning, off."""
+    env = os.environ if environ is None else environ
+    try:
+        explicit = env.get("PLANCACHE_ENABLE", "").strip()
+        if explicit:
+            return parse_bool("PLANCACHE_ENABLE", explicit)
+        builtin = parse_bool("VLLM_ENABLE_STARTUP_PLAN", env.get("VLLM_ENABLE_STARTUP_PLAN", "0"))
+        return bool(env.get("PLANCACHE_URL")) or builtin
+    except ConfigError as exc:
+        log.warning("plancache: vLLM plugin disabled: %s", exc)
+        return False

@@ -1,0 +1,1 @@
+"""A stand-in ``vllm`` package: put this folder on a child's path to import it as ``vllm``."""

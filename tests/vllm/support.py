@@ -1,0 +1,84 @@
+"""Helpers shared by the vLLM plugin tests and the processes they start.
+
+A child that imports this module needs ``REPO`` on its path. Never put ``tests/`` itself on
+a path: its ``vllm`` folder would shadow the real vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from plancache import Plan, fingerprint, open_store
+from plancache.integrations.vllm import factors
+from plancache.integrations.vllm.factors import DeviceFactors, SoftwareFactors, as_scalars
+from plancache.integrations.vllm.worker import WorkerLike
+from plancache.testing import GiB
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+"""The checkout's root: on a child's path, ``tests.vllm.support`` imports."""
+STANDIN = HERE / "standin"
+"""On a child's path, ``vllm`` is the stand-in package."""
+STANDIN_GPU_WORKER = STANDIN / "vllm" / "v1" / "worker" / "gpu_worker.py"
+GLOO_RANK = HERE / "gloo_rank.py"
+_counter = itertools.count()
+
+if TYPE_CHECKING:  # the stand-in has every attribute the plugin reads
+    from tests.vllm.standin.vllm.v1.worker import gpu_worker
+
+    _standin_worker: WorkerLike = gpu_worker.Worker()
+
+
+def vllm_installed() -> bool:
+    """True if ``import vllm`` finds the real vLLM here, not this folder (which it finds when
+    ``tests/`` is on the path, e.g. ``python -m pytest`` run inside ``tests/``)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None and Path(spec.origin).parent != HERE
+
+
+def fake_software_factors() -> SoftwareFactors:
+    """What ``software_factors`` returns on a fixed, imaginary install (no vLLM, no torch)."""
+    return {"vllm": "0.0.0+standin", "torch": "0.0.0", "cuda": "", "estimate_cudagraphs": True}
+
+
+def fake_device_factors(device: object) -> DeviceFactors:
+    """What ``device_factors`` returns for any device of an imaginary GPU model."""
+    return {
+        "device_name": "Standin GPU",
+        "device_total_memory": 96 * GiB,
+        "device_capability": "9.0",
+    }
+
+
+def use_fake_runtime() -> None:
+    """Make the plugin compute factors without vLLM or torch, in this process."""
+    factors.software_factors = fake_software_factors
+    factors.device_factors = fake_device_factors
+
+
+def load_standin() -> ModuleType:
+    """A fresh copy of the stand-in ``gpu_worker`` module (its own, unpatched ``Worker``)."""
+    spec = importlib.util.spec_from_file_location(
+        f"standin_gpu_worker_{next(_counter)}", STANDIN_GPU_WORKER
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def stored(directory: Path) -> list[Plan]:
+    """Every plan in the local store at ``directory``."""
+    store = open_store(str(directory))
+    return [p for fp in store.iter_fingerprints() if (p := store.get(fp)) is not None]
+
+
+def key_of(worker: WorkerLike) -> str:
+    """The fingerprint the plugin looks ``worker`` up under."""
+    return fingerprint(as_scalars(factors.worker_factors(worker)))

@@ -1,0 +1,160 @@
+"""Apply and save on a stand-in worker (no vLLM needed): hits, misses, the gate, explicit
+values, failing stores, and the public ``maybe_*_startup_plan`` functions."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import plancache.integrations.vllm as plugin
+from plancache import Plan, PlanCache
+from plancache.integrations.vllm import BootMode, apply
+from plancache.testing import GiB
+from tests.vllm.support import key_of, stored
+
+
+def test_miss_profiles_and_saves(gpu: ModuleType, store_dir: Path) -> None:
+    worker = gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB)
+    key = key_of(worker)
+    assert worker.boot() == 30 * GiB
+    assert "memory-profiling" in worker.events
+    [plan] = stored(store_dir)
+    assert plan.fingerprint == key
+    assert (plan.kv_cache_memory_bytes, plan.free_memory_baseline) == (30 * GiB, 80 * GiB)
+    assert getattr(worker, apply.STATE_ATTR).mode == "profiling"
+
+
+def test_hit_skips_profiling_with_the_profiled_kv(gpu: ModuleType) -> None:
+    first = gpu.Worker(profiled_kv=30 * GiB + 12345)
+    profiled = first.boot()
+    second = gpu.Worker(profiled_kv=1)  # would profile something else
+    assert second.boot() == profiled
+    assert "memory-profiling" not in second.events
+    assert second.cache_config.kv_cache_memory_bytes == profiled
+    assert getattr(second, apply.STATE_ATTR).mode is BootMode.APPLIED
+
+
+def test_builtin_startup_plan_neither_applies_nor_saves(
+    gpu: ModuleType, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLANCACHE_URL")
+    monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(store_dir.parent / "vllm-cache"))
+    worker = gpu.Worker()
+    worker.boot()
+    assert not {"builtin-apply", "builtin-save"} & set(worker.events)
+    assert len(stored(store_dir.parent / "vllm-cache" / "startup_plan")) == 1
+
+
+def test_explicit_value_respected(gpu: ModuleType, store_dir: Path) -> None:
+    gpu.Worker(profiled_kv=30 * GiB).boot()  # a plan that would apply
+    worker = gpu.Worker(kv_cache_memory_bytes=7 * GiB)
+    assert worker.boot() == 7 * GiB
+    assert worker.cache_config.kv_cache_memory_bytes == 7 * GiB
+    [plan] = stored(store_dir)
+    assert plan.kv_cache_memory_bytes == 30 * GiB
+    assert getattr(worker, apply.STATE_ATTR).mode == "explicit"
+
+
+def test_gate_rejects_plan_from_a_roomier_boot(
+    gpu: ModuleType, store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB).boot()
+    worker = gpu.Worker(free_memory=70 * GiB, profiled_kv=20 * GiB)
+    with caplog.at_level(logging.INFO, logger="plancache"):
+        assert worker.boot() == 20 * GiB
+    assert "memory-profiling" in worker.events
+    assert "gate:free-memory-below-baseline" in caplog.text
+    [plan] = stored(store_dir)  # 20 GiB at 70 does not dominate 30 GiB at 80
+    assert plan.kv_cache_memory_bytes == 30 * GiB
+
+
+def test_store_error_profiles(
+    gpu: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    monkeypatch.setenv("PLANCACHE_URL", str(not_a_dir))
+    worker = gpu.Worker(profiled_kv=30 * GiB)
+    assert worker.boot() == 30 * GiB
+    assert "memory-profiling" in worker.events
+
+
+def test_stalled_store_profiles_within_budget(
+    gpu: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stalled:
+        def get(self, fp: str) -> None:
+            time.sleep(30)
+
+        def put(self, plan: Plan) -> None:
+            time.sleep(30)
+
+    monkeypatch.setattr(apply, "_cache", PlanCache(lambda: Stalled(), timeout=0.3))  # type: ignore[arg-type,return-value]
+    worker = gpu.Worker(profiled_kv=30 * GiB)
+    start = time.perf_counter()
+    assert worker.boot() == 30 * GiB
+    assert time.perf_counter() - start < 2.0  # lookup and record, 0.3 s each
+    assert "memory-profiling" in worker.events
+
+
+def test_save_key_is_lookup_key_though_config_changes(gpu: ModuleType, store_dir: Path) -> None:
+    worker = gpu.Worker()
+    before = worker.vllm_config.compute_hash()
+    decision = plugin.maybe_apply_startup_plan(worker)
+    assert decision is not None and decision.reason == "miss"
+    worker.determine_available_memory()
+    worker.compile_or_warm_up_model()
+    assert worker.vllm_config.compute_hash() != before  # resolved during startup
+    [plan] = stored(store_dir)
+    assert plan.fingerprint == decision.fingerprint
+    again = gpu.Worker()
+    again.boot()
+    assert "memory-profiling" not in again.events
+
+
+def test_no_save_when_warmup_fails(gpu: ModuleType, store_dir: Path) -> None:
+    worker = gpu.Worker(fail_warmup=True)
+    worker.determine_available_memory()
+    with pytest.raises(RuntimeError):
+        worker.compile_or_warm_up_model()
+    assert stored(store_dir) == []
+
+
+def test_public_functions_follow_vllms_semantics(gpu: ModuleType, store_dir: Path) -> None:
+    worker = gpu.Worker(profiled_kv=30 * GiB)
+    assert plugin.maybe_apply_startup_plan(worker) is not None  # a miss
+    assert worker.cache_config.kv_cache_memory_bytes is None
+    recorded = plugin.maybe_save_startup_plan(worker, 29 * GiB)
+    assert recorded is not None and recorded.reason == "created"
+    assert plugin.maybe_save_startup_plan(worker, 29 * GiB) is None  # once per boot
+    hit = gpu.Worker()
+    decision = plugin.maybe_apply_startup_plan(hit)
+    assert decision is not None and decision.reason == "hit"
+    assert hit.cache_config.kv_cache_memory_bytes == 29 * GiB
+    assert plugin.maybe_save_startup_plan(hit, 1 * GiB) is None  # applied: never saves
+    explicit = gpu.Worker(kv_cache_memory_bytes=5 * GiB)
+    assert plugin.maybe_apply_startup_plan(explicit) is None
+    assert plugin.maybe_save_startup_plan(explicit, 5 * GiB) is None
+    no_lookup = gpu.Worker(profiled_kv=31 * GiB)  # a key made now could be one no lookup makes
+    assert plugin.maybe_save_startup_plan(no_lookup, 31 * GiB) is None
+    assert [p.kv_cache_memory_bytes for p in stored(store_dir)] == [29 * GiB]
+
+
+def test_public_functions_never_raise(store_dir: Path) -> None:
+    assert plugin.maybe_apply_startup_plan(object()) is None  # type: ignore[arg-type]
+    assert plugin.maybe_save_startup_plan(object(), GiB) is None  # type: ignore[arg-type]
+
+
+def test_public_functions_do_nothing_when_disabled(
+    gpu: ModuleType, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLANCACHE_ENABLE", "0")
+    worker = gpu.Worker()
+    assert plugin.maybe_apply_startup_plan(worker) is None
+    assert plugin.maybe_save_startup_plan(worker, GiB) is None
+    assert stored(store_dir) == []

@@ -1,0 +1,77 @@
+"""The import hook and the method wrappers, on the stand-in ``gpu_worker`` module."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import plancache.integrations.vllm as plugin
+from plancache.integrations.vllm import patch
+from plancache.testing import child_env
+from tests.vllm.support import REPO, STANDIN, load_standin
+
+
+def test_patching_keeps_signatures(gpu: ModuleType) -> None:
+    fresh = load_standin()
+    for name in plugin.WRAPPED_METHODS:
+        method = getattr(gpu.Worker, name)
+        assert inspect.signature(method) == inspect.signature(getattr(fresh.Worker, name))
+        assert method.__name__ == name and method.__doc__ == getattr(fresh.Worker, name).__doc__
+
+
+def test_missing_methods_warn_once_and_patch_nothing(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    module = ModuleType("old_gpu_worker")
+
+    class Worker:
+        def determine_available_memory(self) -> int:
+            return 1
+
+    module.Worker = Worker  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        assert plugin.patch_worker_module(module) is False
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "compile_or_warm_up_model" in caplog.text
+    assert not hasattr(Worker.determine_available_memory, patch.MARK)
+
+
+def test_register_patches_lazily_on_import(tmp_path: Path) -> None:
+    """In a fresh process: importing the plugin and register() import nothing heavy; the
+    worker module is patched when vLLM imports it, through its normal import."""
+    code = textwrap.dedent(
+        """
+        import sys, inspect
+        import plancache.integrations.vllm as plugin
+        from plancache.integrations.vllm import patch
+        assert not {"vllm", "torch"} & set(sys.modules)
+        plugin.register()
+        plugin.register()
+        assert "vllm.v1.worker.gpu_worker" not in sys.modules
+        from vllm.v1.worker import gpu_worker
+        w = gpu_worker.Worker.determine_available_memory
+        assert w.__plancache_wrapped__ and not hasattr(w.__wrapped__, "__plancache_wrapped__")
+        assert gpu_worker.maybe_save_startup_plan is patch.builtin_replaced
+        assert not any(isinstance(f, patch.PatchOnImport) for f in sys.meta_path)
+        assert inspect.getsource(gpu_worker).startswith('\"\"\"Stand-in')
+        print("ok")
+        """
+    )
+    env = child_env([STANDIN, REPO], PLANCACHE_URL=str(tmp_path / "plans"))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
