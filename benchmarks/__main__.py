@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import boot, fleet, local_costs, machine, report, servers, store_costs
+from benchmarks import boot, fleet, local_costs, machine, report, store_costs
+from plancache.testing import servers
 
 
 def main(argv: list[str] | None = None) -> int:

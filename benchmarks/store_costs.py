@@ -24,10 +24,10 @@ from typing import Any
 
 import s3fs
 
-from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
 from plancache.fingerprint import object_name
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 
 GiB = 1 << 30
 

@@ -13,7 +13,7 @@ import pytest
 from plancache import PlanCache, PlanStoreError, PutOutcome
 from plancache.backends.local import LocalStore
 from plancache.store import PlanStore
-from tests.plans import FACTORS, GiB, make_plan
+from plancache.testing import FACTORS, GiB, make_plan
 
 
 class SlowStore(LocalStore):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from plancache import InvalidPlanError
 from plancache.backends.local import LocalStore
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
 
 KILLS = 50
 KEYS = [make_plan(factors={"model": f"m{i}"}).fingerprint for i in range(3)]

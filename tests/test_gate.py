@@ -8,7 +8,7 @@ import pytest
 
 from plancache import applicable_kv_cache_memory_bytes
 from plancache.merge import dominates
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,22 +16,41 @@ from plancache import Plan, PlanCache, PlanStoreError, PutOutcome, open_store
 from plancache.backends.local import LocalStore
 from plancache.defaults import default_dir
 from plancache.errors import PlanStorePermissionError
-from tests.conformance import StoreContract
-from tests.plans import FACTORS, make_plan
+from plancache.fingerprint import object_name
+from plancache.testing import FACTORS, StoreContract, make_plan
+from plancache.testing.contract import StoreSpec, WriteRaw
+
+
+def write_file(root: Path) -> WriteRaw:
+    """Writes a record's file under ``root`` directly."""
+
+    def write(fp: str, data: bytes) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / object_name(fp)).write_bytes(data)
+
+    return write
 
 
 class TestLocalContract(StoreContract):
     @pytest.fixture
-    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    def store_spec(self, tmp_path: Path) -> StoreSpec:
         return str(tmp_path / "plans"), {}
+
+    @pytest.fixture
+    def write_raw(self, tmp_path: Path) -> WriteRaw:
+        return write_file(tmp_path / "plans")
 
 
 class TestFileUrlContract(StoreContract):
     race_processes = 4
 
     @pytest.fixture
-    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    def store_spec(self, tmp_path: Path) -> StoreSpec:
         return f"file://{tmp_path}/plans", {}
+
+    @pytest.fixture
+    def write_raw(self, tmp_path: Path) -> WriteRaw:
+        return write_file(tmp_path / "plans")
 
 
 def test_default_dir_follows_vllm_cache_root() -> None:
@@ -127,7 +145,7 @@ UNREADABLE = """
 import os, sys
 from plancache import PlanStoreError, PlanCache
 from plancache.backends.local import LocalStore
-from tests.plans import FACTORS, make_plan
+from plancache.testing import FACTORS, make_plan
 if os.geteuid() == 0:
     os.setgid(65534); os.setuid(65534)
 store = LocalStore(sys.argv[1])

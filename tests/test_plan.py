@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from plancache import InvalidPlanError, Plan, fingerprint
 from plancache.fingerprint import validate_key
 from plancache.plan import MAX_RECORD_BYTES, canonical
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
 
 FROZEN_FACTORS = {
     "vllm": "0.33.0",
