@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from plancache import Plan, PlanCache, PlanStoreError, PutOutcome, open_store
+from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
 from plancache.backends.local import LocalStore
-from plancache.defaults import default_dir
 from plancache.errors import PlanStorePermissionError
 from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, StoreContract, make_plan
@@ -51,12 +50,6 @@ class TestFileUrlContract(StoreContract):
     @pytest.fixture
     def write_raw(self, tmp_path: Path) -> WriteRaw:
         return write_file(tmp_path / "plans")
-
-
-def test_default_dir_follows_vllm_cache_root() -> None:
-    assert default_dir({"VLLM_CACHE_ROOT": "/x/y"}) == Path("/x/y/startup_plan")
-    assert default_dir({"HOME": "/h"}).name == "startup_plan"
-    assert open_store(None).url == str(default_dir())
 
 
 def test_files_are_named_for_standard_tools(tmp_path: Path) -> None:
