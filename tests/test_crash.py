@@ -29,7 +29,11 @@ def _writer(root: str, seed: int, ready: multiprocessing.synchronize.Event) -> N
             store.delete(plan.fingerprint)
 
 
-def _reader(root: str, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
+def _reader(
+    root: str,
+    stop: multiprocessing.synchronize.Event,
+    out: multiprocessing.Queue[tuple[int, int, int]],
+) -> None:
     """Read every key in a loop; report (reads, hits, invalid records seen)."""
     store = LocalStore(root)
     reads = hits = invalid = 0

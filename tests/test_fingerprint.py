@@ -17,10 +17,10 @@ from plancache.fingerprint import (
     object_name,
     validate_key,
 )
-from plancache.plan import canonical
+from plancache.plan import Scalar, canonical
 from plancache.testing import make_plan
 
-FROZEN_FACTORS = {
+FROZEN_FACTORS: dict[str, Scalar] = {
     "vllm": "0.33.0",
     "hash": "abc",
     "gpu_memory_utilization": 0.9,

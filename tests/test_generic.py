@@ -18,7 +18,7 @@ from plancache.testing import StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 
 
-class PlainFileSystem(MemoryFileSystem):
+class PlainFileSystem(MemoryFileSystem):  # type: ignore[misc]  # fsspec is untyped
     """An in-memory filesystem under another protocol: stands in for sftp://, abfs://, ..."""
 
     protocol = "plancachetest"
