@@ -16,7 +16,7 @@ from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
 from plancache.backends.local import LocalStore
 from plancache.errors import PlanStorePermissionError
 from plancache.fingerprint import object_name
-from plancache.testing import FACTORS, StoreContract, make_plan
+from plancache.testing import FACTORS, StoreContract, child_env, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 
 
@@ -164,7 +164,7 @@ def test_unreadable_directory_is_a_permission_error_and_a_miss(tmp_path: Path) -
             capture_output=True,
             text=True,
             timeout=60,
-            cwd=Path(__file__).parent.parent,
+            env=child_env(),
         )
     finally:
         plans.chmod(0o755)
