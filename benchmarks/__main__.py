@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import boot, fleet, local_costs, machine, report, servers, store_costs
+from benchmarks import boot, fleet, local_costs, machine, report, store_costs
+from plancache.testing import servers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         results["stores"].update(store_costs.measure_remote(args.remote_samples))
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
+        shared_options: dict[str, Any]
         if args.no_remote:
             shared_url, shared_options = f"file://{work}/shared", {}
         else:

@@ -65,7 +65,7 @@ def _boot(model: str, util: float, env: dict[str, str], timeout: float) -> float
 
 def run(model: str, runs: int, util: float, timeout: float) -> dict[str, Any]:
     """Boot ``model`` in every variant; seconds per timed boot, and medians."""
-    from benchmarks.servers import s3_server
+    from plancache.testing.servers import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="plancache-boot-"))
     tier = work / "tier"

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache
 from plancache.backends.local import LocalStore
 from plancache.config import Settings
+from plancache.plan import Scalar
+from plancache.testing import GiB
 
-GiB = 1 << 30
 SETUPS = ("none", "per-node", "shared")
 
 
@@ -49,17 +51,9 @@ class Boot:
     timeout: float
 
 
-def config_factors(config: int) -> dict[str, Any]:
-    """The factors of one of the fleet's distinct (model, config, GPU) combinations."""
-    return {
-        "vllm_version": "0.33.0",
-        "vllm_config_hash": f"fleet-config-{config}",
-        "gpu_memory_utilization": 0.9,
-        "device_name": "NVIDIA H200",
-        "device_total_memory": 150_110_011_392,
-        "rank": 0,
-        "world_size": 1,
-    }
+def config_factors(config: int) -> dict[str, Scalar]:
+    """The factors of one of the fleet's distinct engine configurations."""
+    return worker_factors(f"fleet-config-{config}")
 
 
 def profiled_kv(config: int) -> int:

@@ -15,29 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.factors import worker_factors
 from benchmarks.stats import median, percentiles, time_calls, time_interleaved
 from plancache import Plan, PlanCache
 from plancache.backends.local import LocalStore
+from plancache.testing import GiB
 
-GiB = 1 << 30
 DENIED_MODULES = ("s3fs", "gcsfs", "vllm", "torch", "boto3", "aiobotocore")
-
-
-def bench_factors(i: int) -> dict[str, Any]:
-    """Factors shaped like the vLLM plugin's (sizes similar to a real plan)."""
-    return {
-        "vllm_version": "0.33.0",
-        "vllm_config_hash": f"{i:064x}",
-        "gpu_memory_utilization": 0.9,
-        "memory_profiler_estimate_cudagraphs": "1",
-        "device_name": "NVIDIA H200",
-        "device_total_memory": 150_110_011_392,
-        "device_capability": "9.0",
-        "torch_version": "2.14.1",
-        "cuda_version": "13.0",
-        "rank": 0,
-        "world_size": 1,
-    }
 
 
 def measure_local(n: int = 2000) -> dict[str, Any]:
@@ -48,7 +32,7 @@ def measure_local(n: int = 2000) -> dict[str, Any]:
     def plans(kv: int, tag: str = "") -> list[Plan]:
         return [
             Plan.new(
-                bench_factors(i) | {"tag": tag},
+                worker_factors(f"{tag}{i}"),
                 kv_cache_memory_bytes=kv,
                 free_memory_baseline=130 * GiB,
             )
@@ -65,7 +49,7 @@ def measure_local(n: int = 2000) -> dict[str, Any]:
             "put_merge": time_calls(lambda i: store.put(better[i]), n),
             "record": time_calls(
                 lambda i: cache.record(
-                    bench_factors(i) | {"tag": "record"},
+                    worker_factors(f"record-{i}"),
                     kv_cache_memory_bytes=60 * GiB,
                     free_memory_baseline=130 * GiB,
                 ),
@@ -79,7 +63,7 @@ def measure_local(n: int = 2000) -> dict[str, Any]:
             with open(path) as f:
                 return json.load(f)
 
-        hit_factors, miss_factors = dict(better[0].factors), bench_factors(-1)
+        hit_factors, miss_factors = dict(better[0].factors), worker_factors("miss")
         reads = time_interleaved(
             {
                 "baseline_open_json_load": baseline,

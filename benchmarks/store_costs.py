@@ -24,12 +24,13 @@ from typing import Any
 
 import s3fs
 
-from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
 from plancache.fingerprint import object_name
-
-GiB = 1 << 30
+from plancache.plan import Scalar
+from plancache.testing import GiB
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 
 
 def _timed(calls: Iterable[Callable[[], object]]) -> list[float]:
@@ -43,7 +44,9 @@ def _timed(calls: Iterable[Callable[[], object]]) -> list[float]:
 
 def _plans(n: int, tag: str, kv: int = 10 * GiB) -> list[Plan]:
     return [
-        Plan.new({"bench": tag, "i": i}, kv_cache_memory_bytes=kv, free_memory_baseline=70 * GiB)
+        Plan.new(
+            worker_factors(f"{tag}-{i}"), kv_cache_memory_bytes=kv, free_memory_baseline=70 * GiB
+        )
         for i in range(n)
     ]
 
@@ -72,7 +75,7 @@ def _cache_steps(store: PlanStore, n: int, tag: str) -> list[tuple[str, Callable
     """``PlanCache`` lookups (miss, hit) and records (create) over ``store``: the store call
     plus the cache's bounded thread, validation and log line."""
     cache = PlanCache(store)
-    factors = [{"bench": f"{tag}-cache", "i": i} for i in range(n)]
+    factors = [worker_factors(f"{tag}-cache-{i}") for i in range(n)]
 
     def expect(reason: str, call: Callable[[], Any]) -> Callable[[], object]:
         def checked() -> None:
@@ -81,7 +84,7 @@ def _cache_steps(store: PlanStore, n: int, tag: str) -> list[tuple[str, Callable
 
         return checked
 
-    def record(f: dict[str, Any]) -> Any:
+    def record(f: dict[str, Scalar]) -> Any:
         return cache.record(f, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
 
     steps: list[tuple[str, Callable[[], object]]] = []

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+
+pytest_plugins = ["pytester"]  # tests/testing runs contract subclasses as users write them
 
 
 @pytest.fixture(scope="session", autouse=True)

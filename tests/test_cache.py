@@ -13,7 +13,7 @@ import pytest
 from plancache import PlanCache, PlanStoreError, PutOutcome
 from plancache.backends.local import LocalStore
 from plancache.store import PlanStore
-from tests.plans import FACTORS, GiB, make_plan
+from plancache.testing import FACTORS, GiB, make_plan
 
 
 class SlowStore(LocalStore):
@@ -63,6 +63,7 @@ def test_miss_then_record_then_hit(store: PlanStore, caplog: pytest.LogCaptureFi
     assert (d.kv_cache_memory_bytes, d.reason) == (10 * GiB, "hit")
     assert d.plan is not None and d.observation is not None and d.observation.producer["host"]
     lines = [r.getMessage() for r in caplog.records]
+    assert d.fingerprint is not None
     assert any("lookup miss fp=" + d.fingerprint[:12] in m and " ms" in m for m in lines)
     assert any("record created" in m for m in lines)
     assert any("lookup hit" in m and "kv=10.00GiB" in m for m in lines)

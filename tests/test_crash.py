@@ -10,7 +10,7 @@ from pathlib import Path
 
 from plancache import InvalidPlanError
 from plancache.backends.local import LocalStore
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
 
 KILLS = 50
 KEYS = [make_plan(factors={"model": f"m{i}"}).fingerprint for i in range(3)]
@@ -29,7 +29,11 @@ def _writer(root: str, seed: int, ready: multiprocessing.synchronize.Event) -> N
             store.delete(plan.fingerprint)
 
 
-def _reader(root: str, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
+def _reader(
+    root: str,
+    stop: multiprocessing.synchronize.Event,
+    out: multiprocessing.Queue[tuple[int, int, int]],
+) -> None:
     """Read every key in a loop; report (reads, hits, invalid records seen)."""
     store = LocalStore(root)
     reads = hits = invalid = 0

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from google.oauth2.credentials import Credentials
 
-from benchmarks.servers import FakeGCS, FixedResponseServer, MotoS3, SilentServer, closed_port
 from plancache import PlanCache, PlanStore, open_store
 from plancache.errors import (
     PlanStoreError,
@@ -25,7 +24,14 @@ from plancache.errors import (
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
-from tests.plans import FACTORS, GiB, make_plan
+from plancache.testing import FACTORS, GiB, make_plan
+from plancache.testing.servers import (
+    FakeGCS,
+    FixedResponseServer,
+    MotoS3,
+    SilentServer,
+    closed_port,
+)
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 TOKEN = "ya29.a0-plancache-secret-access-token"

@@ -1,4 +1,4 @@
-"""The OOM-safety gate and the dominance order."""
+"""The OOM-safety gate."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from typing import Any
 import pytest
 
 from plancache import applicable_kv_cache_memory_bytes
-from plancache.merge import dominates
-from plancache.plan import Observation
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
 
 
 @pytest.mark.parametrize(
@@ -28,16 +26,3 @@ from tests.plans import GiB, make_plan
 )
 def test_gate(free: Any, expected: int | None) -> None:
     assert applicable_kv_cache_memory_bytes(make_plan(), free) == expected
-
-
-def test_dominance_is_a_strict_partial_order() -> None:
-    def point(kv: int, baseline: int) -> Observation:
-        return Observation(kv * GiB, baseline * GiB, 0.0)
-
-    base, more_kv, lower_baseline = point(10, 70), point(11, 70), point(10, 60)
-    both, incomparable = point(11, 60), point(12, 75)
-    assert dominates(more_kv, base) and dominates(lower_baseline, base)
-    assert dominates(both, more_kv) and dominates(both, lower_baseline)
-    assert not dominates(base, base)
-    assert not dominates(base, more_kv)
-    assert not dominates(incomparable, base) and not dominates(base, incomparable)

@@ -13,11 +13,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from plancache import PutOutcome, open_store
 from plancache.backends.generic import FsspecStore
-from tests.conformance import StoreContract
-from tests.plans import make_plan
+from plancache.fingerprint import object_name
+from plancache.testing import StoreContract, make_plan
+from plancache.testing.contract import StoreSpec, WriteRaw
 
 
-class PlainFileSystem(MemoryFileSystem):
+class PlainFileSystem(MemoryFileSystem):  # type: ignore[misc]  # fsspec is untyped
     """An in-memory filesystem under another protocol: stands in for sftp://, abfs://, ..."""
 
     protocol = "plancachetest"
@@ -32,12 +33,16 @@ class TestMemoryContract(StoreContract):
     supports_processes = False
 
     @pytest.fixture
-    def store_spec(self) -> Iterator[tuple[str, dict[str, Any]]]:
+    def store_spec(self) -> Iterator[StoreSpec]:
         root = f"memory://{uuid.uuid4().hex}/plans"
         yield root, {}
         fs = fsspec.filesystem("memory")
         if fs.exists(root):
             fs.rm(root, recursive=True)
+
+    @pytest.fixture
+    def write_raw(self, store_spec: StoreSpec) -> WriteRaw:
+        return pipe_into(store_spec[0])
 
 
 class TestNonAtomicProtocolContract(StoreContract):
@@ -47,8 +52,18 @@ class TestNonAtomicProtocolContract(StoreContract):
     supports_processes = False
 
     @pytest.fixture
-    def store_spec(self) -> tuple[str, dict[str, Any]]:
+    def store_spec(self) -> StoreSpec:
         return f"plancachetest://{uuid.uuid4().hex}/plans", {}
+
+    @pytest.fixture
+    def write_raw(self, store_spec: StoreSpec) -> WriteRaw:
+        return pipe_into(store_spec[0])
+
+
+def pipe_into(root: str) -> WriteRaw:
+    """Writes a record's file under the fsspec URL ``root`` with fsspec itself."""
+    fs, path = fsspec.core.url_to_fs(root)
+    return lambda fp, data: fs.pipe_file(f"{path}/{object_name(fp)}", data)
 
 
 def test_memory_is_atomic_and_silent(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from benchmarks.servers import MotoS3
 from plancache import Plan, fingerprint, inventory, open_store
 from plancache.fingerprint import object_name
 from plancache.inventory import CopyCounts, Fix
 from plancache.plan import Scalar
 from plancache.store import PlanStore
 from plancache.testing import GiB, make_plan
+from plancache.testing.servers import MotoS3
 
 DAY = 86400.0
 NOW = time.time()

@@ -9,36 +9,47 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from plancache import Plan, PlanCache, PlanStoreError, PutOutcome, open_store
+from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
 from plancache.backends.local import LocalStore
-from plancache.defaults import default_dir
 from plancache.errors import PlanStorePermissionError
-from tests.conformance import StoreContract
-from tests.plans import FACTORS, make_plan
+from plancache.fingerprint import object_name
+from plancache.testing import FACTORS, StoreContract, child_env, make_plan
+from plancache.testing.contract import StoreSpec, WriteRaw
+
+
+def write_file(root: Path) -> WriteRaw:
+    """Writes a record's file under ``root`` directly."""
+
+    def write(fp: str, data: bytes) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / object_name(fp)).write_bytes(data)
+
+    return write
 
 
 class TestLocalContract(StoreContract):
     @pytest.fixture
-    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    def store_spec(self, tmp_path: Path) -> StoreSpec:
         return str(tmp_path / "plans"), {}
+
+    @pytest.fixture
+    def write_raw(self, tmp_path: Path) -> WriteRaw:
+        return write_file(tmp_path / "plans")
 
 
 class TestFileUrlContract(StoreContract):
     race_processes = 4
 
     @pytest.fixture
-    def store_spec(self, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    def store_spec(self, tmp_path: Path) -> StoreSpec:
         return f"file://{tmp_path}/plans", {}
 
-
-def test_default_dir_follows_vllm_cache_root() -> None:
-    assert default_dir({"VLLM_CACHE_ROOT": "/x/y"}) == Path("/x/y/startup_plan")
-    assert default_dir({"HOME": "/h"}).name == "startup_plan"
-    assert open_store(None).url == str(default_dir())
+    @pytest.fixture
+    def write_raw(self, tmp_path: Path) -> WriteRaw:
+        return write_file(tmp_path / "plans")
 
 
 def test_files_are_named_for_standard_tools(tmp_path: Path) -> None:
@@ -127,7 +138,7 @@ UNREADABLE = """
 import os, sys
 from plancache import PlanStoreError, PlanCache
 from plancache.backends.local import LocalStore
-from tests.plans import FACTORS, make_plan
+from plancache.testing import FACTORS, make_plan
 if os.geteuid() == 0:
     os.setgid(65534); os.setuid(65534)
 store = LocalStore(sys.argv[1])
@@ -153,7 +164,7 @@ def test_unreadable_directory_is_a_permission_error_and_a_miss(tmp_path: Path) -
             capture_output=True,
             text=True,
             timeout=60,
-            cwd=Path(__file__).parent.parent,
+            env=child_env(),
         )
     finally:
         plans.chmod(0o755)

@@ -1,10 +1,10 @@
-"""The record format: frozen encoding, validation rules, and decode on hostile input."""
+"""The record format: validation rules, and decode on hostile input (the key and its
+encoding: test_fingerprint.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 from typing import Any
 
 import orjson
@@ -13,71 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plancache import InvalidPlanError, Plan, fingerprint
-from plancache.fingerprint import validate_key
 from plancache.plan import MAX_RECORD_BYTES, Observation, canonical
-from tests.plans import GiB, make_plan
-
-FROZEN_FACTORS = {
-    "vllm": "0.33.0",
-    "hash": "abc",
-    "gpu_memory_utilization": 0.9,
-    "rank": 0,
-    "tp": 2,
-    "eager": False,
-    "note": None,
-    "device": "NVIDIA H200",
-    "big": 2**63,
-}
-
-
-def test_canonical_encoding_is_frozen() -> None:
-    assert canonical({"a": 1}) == b'{"a":1}'
-    assert fingerprint({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()
-    assert canonical(FROZEN_FACTORS) == (
-        b'{"big":9223372036854775808,"device":"NVIDIA H200","eager":false,'
-        b'"gpu_memory_utilization":0.9,"hash":"abc","note":null,"rank":0,"tp":2,"vllm":"0.33.0"}'
-    )
-    assert (
-        fingerprint(FROZEN_FACTORS)
-        == "d387bc61a6afe88ba3acd371780fd7b4b6ace1213bbaccdfc8210c046ac731d2"
-    )
-
-
-def test_key_order_does_not_matter() -> None:
-    assert fingerprint({"a": 1, "b": 2}) == fingerprint({"b": 2, "a": 1})
-    assert fingerprint({"a": 1}) != fingerprint({"a": 1.0})
-    assert fingerprint({"a": 1}) != fingerprint({"a": True})
-
-
-@pytest.mark.parametrize(
-    "factors",
-    [
-        {},
-        {"a": float("nan")},
-        {"a": math.inf},
-        {"a": [1]},
-        {"a": {"b": 1}},
-        {1: "a"},
-        {"a": 2**64},
-        {"a": -(2**63) - 1},
-        {"a": b"bytes"},
-        {"a": type("Float64", (float,), {})(1.5)},
-        {"a": type("Name", (str,), {})("x")},
-        ["a"],
-        None,
-    ],
-)
-def test_unencodable_factors_are_value_errors(factors: Any) -> None:
-    with pytest.raises(ValueError):
-        fingerprint(factors)
-
-
-def test_validate_key() -> None:
-    fp = "0" * 64
-    assert validate_key(fp) == fp
-    for bad in ["0" * 63, "0" * 64 + "\n", "../" + "0" * 61, "F" * 64, 0, None]:
-        with pytest.raises(ValueError):
-            validate_key(bad)
+from plancache.testing import GiB, make_plan
 
 
 def test_round_trip_and_unknown_fields_ignored() -> None:

@@ -4,40 +4,43 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.servers import CountingProxy, MotoS3
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.config import Settings
 from plancache.errors import PlanStoreReadOnlyError
-from tests.conformance import StoreContract
-from tests.plans import FACTORS, GiB, make_plan
+from plancache.fingerprint import object_name
+from plancache.testing import FACTORS, GiB, StoreContract, make_plan
+from plancache.testing.contract import StoreFactory, WriteRaw
+from plancache.testing.servers import CountingProxy, MotoS3
 
 
 class TestTieredS3Contract(StoreContract):
-    """The contract through ``Settings.open_store`` with a local tier. Other processes open
-    ``store_spec`` (the bare remote), which ``TestS3Contract`` already races."""
+    """The contract through ``Settings.open_store`` with a local tier (the process race runs
+    on the bare remote, in ``TestS3Contract``)."""
 
     supports_processes = False
 
     @pytest.fixture
-    def store_spec(self, moto_s3: MotoS3, s3_bucket: str) -> tuple[str, dict[str, Any]]:
-        return f"s3://{s3_bucket}/plans", {"endpoint_url": moto_s3.endpoint}
+    def store_factory(self, moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> StoreFactory:
+        options = {"endpoint_url": moto_s3.endpoint}
+        settings = Settings(
+            f"s3://{s3_bucket}/plans", local_tier=str(tmp_path / "tier"), storage_options=options
+        )
+        return settings.open_store
 
     @pytest.fixture
-    def store(self, store_spec: tuple[str, dict[str, Any]], tmp_path: Path) -> Iterator[PlanStore]:
-        url, options = store_spec
-        settings = Settings(url, local_tier=str(tmp_path / "tier"), storage_options=options)
-        store = settings.open_store()
-        assert isinstance(store, TieredStore)
-        yield store
-        store.close()
+    def write_raw(self, moto_s3: MotoS3, s3_bucket: str) -> WriteRaw:
+        """Into the remote; the local tier starts empty."""
+        return lambda fp, data: moto_s3.put_object(s3_bucket, f"plans/{object_name(fp)}", data)
+
+    def test_the_store_is_tiered(self, store: PlanStore) -> None:
+        assert isinstance(store, TieredStore) and store.local is not None
 
 
 @pytest.fixture
@@ -187,7 +190,7 @@ def test_the_local_tier_learns_the_plan_the_remote_kept(
 
 
 def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> None:
-    from benchmarks.servers import closed_port
+    from plancache.testing.servers import closed_port
 
     endpoint = f"http://127.0.0.1:{closed_port()}"
     tier = LocalStore(tmp_path / "tier")

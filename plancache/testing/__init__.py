@@ -1,12 +1,44 @@
 """The test kit plancache ships: plan helpers, child-process environments, the store
 contract suite and loopback servers (install with ``pip install 'plancache[test]'``).
 
-Nothing in ``plancache`` itself imports this package.
+- ``StoreContract``, ``ObjectStoreContract``: pytest base classes; subclass one to run the
+  whole store contract against your own backend (see ``plancache.testing.contract``).
+- ``servers``: moto S3, fake-gcs-server, a counting proxy and fault-injecting servers.
+- ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
+  processes tests start.
+
+Nothing in ``plancache`` itself imports this package. Importing it loads neither pytest nor
+a server library: the contract classes load on first use, the servers when they start.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from plancache.testing import servers
 from plancache.testing.env import PACKAGE_ROOT, SETTINGS_VARS, child_env
 from plancache.testing.plans import FACTORS, GiB, make_plan
 
-__all__ = ["FACTORS", "PACKAGE_ROOT", "SETTINGS_VARS", "GiB", "child_env", "make_plan"]
+if TYPE_CHECKING:
+    from plancache.testing.contract import ObjectStoreContract, StoreContract
+
+__all__ = [
+    "FACTORS",
+    "PACKAGE_ROOT",
+    "SETTINGS_VARS",
+    "GiB",
+    "ObjectStoreContract",
+    "StoreContract",
+    "child_env",
+    "make_plan",
+    "servers",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``StoreContract`` and ``ObjectStoreContract``, imported (with pytest) on first use."""
+    if name in ("StoreContract", "ObjectStoreContract"):
+        from plancache.testing import contract
+
+        return getattr(contract, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

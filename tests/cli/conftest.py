@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.servers import FakeGCS, MotoS3
 from plancache import fingerprint, open_store
 from plancache.testing import GiB
+from plancache.testing.servers import FakeGCS, MotoS3
 from tests.cli.helpers import LocalFixture, RemoteSpec, named_plan, record_bytes, write_raw
 
 

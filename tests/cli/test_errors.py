@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.servers import closed_port
 from plancache.testing import child_env
+from plancache.testing.servers import closed_port
 from tests.cli.helpers import LocalFixture, RemoteSpec, failure, run
 
 

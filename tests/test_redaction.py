@@ -1,0 +1,42 @@
+"""Secrets are masked in options, messages and URLs."""
+
+from __future__ import annotations
+
+from plancache.redaction import MASK, redact, scrub, secret_values, without_userinfo
+
+OPTIONS = {
+    "endpoint_url": "http://127.0.0.1:9000",
+    "key": "AKIAEXAMPLE",
+    "secret": "wJalrXUtnFEMI",
+    "token": "abc",
+    "client_kwargs": {"region_name": "us-east-1", "aws_secret_access_key": "nested-secret"},
+    "session_kwargs": {"headers": {"X-Goog-Api-Key": "api-key-value"}},
+    "retries": 1,
+}
+
+
+def test_redact_masks_secret_looking_keys_at_any_depth() -> None:
+    assert redact(OPTIONS) == {
+        "endpoint_url": "http://127.0.0.1:9000",
+        "key": MASK,
+        "secret": MASK,
+        "token": MASK,
+        "client_kwargs": {"region_name": "us-east-1", "aws_secret_access_key": MASK},
+        "session_kwargs": MASK,
+        "retries": 1,
+    }
+    assert OPTIONS["key"] == "AKIAEXAMPLE"  # the caller's options are left alone
+
+
+def test_secret_values_skip_short_ones_and_scrub_masks_them() -> None:
+    secrets = sorted(secret_values(OPTIONS))
+    assert secrets == sorted(["AKIAEXAMPLE", "wJalrXUtnFEMI", "nested-secret", "api-key-value"])
+    message = "denied for AKIAEXAMPLE with wJalrXUtnFEMI (nested-secret) at 127.0.0.1"
+    assert scrub(message, secrets) == f"denied for {MASK} with {MASK} ({MASK}) at 127.0.0.1"
+
+
+def test_without_userinfo() -> None:
+    assert without_userinfo("sftp://user:pw@host/path/x") == "sftp://host/path/x"
+    assert without_userinfo("s3://bucket/p") == "s3://bucket/p"
+    assert without_userinfo("s3://bucket") == "s3://bucket"
+    assert without_userinfo("/local/a@b") == "/local/a@b"

@@ -1,0 +1,63 @@
+"""The loopback servers of the test kit: each one does what its name says."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from plancache import InvalidPlanError, PutOutcome, open_store
+from plancache.fingerprint import object_name
+from plancache.testing import child_env, make_plan
+from plancache.testing.servers import (
+    FAKE_AWS_ENV,
+    FakeGCS,
+    MotoS3,
+    closed_port,
+    gcs_server,
+    s3_server,
+)
+
+
+def test_server_helpers_serve_child_processes_without_aws_environment() -> None:
+    env = {k: v for k, v in child_env().items() if k not in FAKE_AWS_ENV}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    code = "import json,sys; from plancache import open_store; "
+    code += "from plancache.testing import make_plan\n"
+    code += "url, opts = json.loads(sys.argv[1]); print(open_store(url, **opts).put(make_plan()))"
+    for server in (s3_server, gcs_server):
+        with server() as (url, options):
+            out = subprocess.run(
+                [sys.executable, "-c", code, json.dumps([url + "/x", options])],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            assert out.stdout.strip() == "PutOutcome.CREATED"
+            assert open_store(url + "/x", **options).put(make_plan()) is PutOutcome.KEPT
+
+
+def test_put_object_stores_bytes_verbatim(
+    moto_s3: MotoS3, s3_bucket: str, fake_gcs: FakeGCS, gcs_bucket: str
+) -> None:
+    fp = make_plan().fingerprint
+    moto_s3.put_object(s3_bucket, f"p/{object_name(fp)}", b"{torn")
+    fake_gcs.put_object(gcs_bucket, f"p/{object_name(fp)}", b"{torn")
+    for store in (
+        open_store(f"s3://{s3_bucket}/p", endpoint_url=moto_s3.endpoint),
+        open_store(f"gs://{gcs_bucket}/p", endpoint_url=fake_gcs.endpoint, token="anon"),
+    ):
+        assert store.read_raw(fp) == b"{torn"
+        with pytest.raises(InvalidPlanError):
+            store.get(fp)
+        store.close()
+
+
+def test_closed_port_refuses_connections() -> None:
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.1", closed_port()))
