@@ -185,10 +185,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax3.set_ylabel(f"profiles paid (mean of {sweep['seeds']} seeds, of {sweep['nodes']} nodes)")
         ax3.set_title(
             f"fleet: ±{sweep['free_memory_spread_gib']:.0f} GiB free, "
-            f"±{sweep['kv_jitter_mib']:.0f} MiB KV jitter, stragglers\n"
-            "(simulated time; clean = no node profiles after its first profile)"
+            f"±{sweep['kv_jitter_mib']:.0f} MiB KV jitter,\nstragglers (simulated time)"
         )
-        ax3.legend(fontsize=8)
+        ax3.legend(
+            fontsize=8, title="clean: no node profiles after its first profile", title_fontsize=8
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
