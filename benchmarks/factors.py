@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from typing import cast
 
-from plancache.integrations.vllm.factors import WorkerFactors
+from plancache.integrations.vllm.factors import WorkerFactors, as_scalars
 from plancache.plan import Scalar
 
 
@@ -25,4 +24,4 @@ def worker_factors(config: str) -> dict[str, Scalar]:
         rank=0,
         world_size=1,
     )
-    return cast("dict[str, Scalar]", factors)  # every WorkerFactors value is a Scalar
+    return dict(as_scalars(factors))

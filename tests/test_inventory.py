@@ -16,7 +16,7 @@ import s3fs
 from plancache import Plan, fingerprint, inventory, open_store
 from plancache.fingerprint import object_name
 from plancache.inventory import CopyCounts, Fix
-from plancache.plan import Scalar
+from plancache.plan import Observation, Scalar
 from plancache.store import PlanStore
 from plancache.testing import GiB, make_plan
 from plancache.testing.servers import MotoS3
@@ -37,7 +37,7 @@ BAD_RECORD = json.dumps(
 ).encode()
 """A record whose KV cache exceeds its baseline: invalid."""
 NEWER = fingerprint({"model": "newer"})
-NEWER_RECORD = b'{"schema": 2, "fingerprint": "%s"}' % NEWER.encode()
+NEWER_RECORD = b'{"schema": 3, "fingerprint": "%s"}' % NEWER.encode()
 """A record of a schema this version does not read."""
 RawWriter = Callable[[str, bytes], None]
 
@@ -119,7 +119,7 @@ def test_scan_reads_and_judges_every_record(stocked: Stocked) -> None:
     assert bad.error is not None and "exceeds free_memory_baseline" in bad.error
     newer = found[NEWER]
     assert newer.plan is None and newer.other_schema and not newer.invalid
-    assert newer.error is not None and "schema 2" in newer.error
+    assert newer.error is not None and "schema 3" in newer.error
     assert inventory.read_entry(stocked.store, "0" * 64) is None
 
 
@@ -246,11 +246,14 @@ def test_entry_dict(local: Stocked) -> None:
         "fingerprint": b.fingerprint,
         "valid": True,
         "device": "A10G",
+        "model": "-",
+        "observations": 1,
         "kv_cache_memory_bytes": b.kv_cache_memory_bytes,
         "free_memory_baseline": b.free_memory_baseline,
         "created_at": b.created_at,
         "age_seconds": pytest.approx(20 * DAY + 5),
         "producer": {"host": "test"},
+        "labels": {},
         "bytes": len(b.encode()),
     }
     bad = inventory.entry_dict(entries[BAD])
@@ -261,3 +264,23 @@ def test_entry_dict(local: Stocked) -> None:
         "bytes": len(BAD_RECORD),
     }
     assert "exceeds" in bad["error"]
+
+
+def test_prune_drops_old_observations_and_keeps_the_record(stocked: Stocked) -> None:
+    store, [a, b, c] = stocked.store, stocked.plans
+    old = Observation(GiB, 60 * GiB, NOW - 40 * DAY, {"host": "old"})
+    fresh = Observation(2 * GiB, 70 * GiB, NOW - DAY, {"host": "fresh"})
+    factors: dict[str, Scalar] = {"model": "mixed"}
+    mixed = Plan(fingerprint(factors), factors, (old, fresh), {"model": "mixed"})
+    store.put(mixed)
+
+    dry = inventory.prune(store, 30 * DAY, dry_run=True, now=NOW)
+    assert (by_fp(dry.plans), dry.observations, dry.deleted) == (by_fp([c, mixed]), 2, 1)
+    assert store.get(mixed.fingerprint) == mixed and store.get(c.fingerprint) == c
+
+    done = inventory.prune(store, 30 * DAY, now=NOW)
+    assert (done.observations, done.deleted, done.invalid) == (2, 1, 2)
+    kept = store.get(mixed.fingerprint)
+    assert kept is not None and kept.observations == (fresh,) and kept.labels == mixed.labels
+    assert store.get(c.fingerprint) is None
+    assert store.get(a.fingerprint) == a and store.get(b.fingerprint) == b

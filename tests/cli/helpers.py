@@ -13,7 +13,9 @@ from typing import Any
 
 from plancache import Plan, fingerprint, open_store
 from plancache.fingerprint import object_name
-from plancache.testing import GiB, child_env, make_plan
+from plancache.merge import frontier
+from plancache.plan import Observation
+from plancache.testing import GiB, child_env
 
 DAY = 86400.0
 LocalFixture = tuple[Path, list[Plan], str]
@@ -56,15 +58,30 @@ def failure(
 def named_plan(
     name: str, *, kv_gib: float = 1, baseline_gib: float = 70, age_days: float = 0, **factors: Any
 ) -> Plan:
-    """A plan of model ``name`` on an ``NVIDIA H100`` (unless ``factors`` say otherwise),
-    recorded ``age_days`` ago by host ``host-{name}``."""
-    return make_plan(
-        int(kv_gib * GiB),
-        int(baseline_gib * GiB),
-        {"model": name, "device_name": "NVIDIA H100", **factors},
-        producer={"host": f"host-{name}", "plancache": "test"},
+    """A one-observation plan of model ``name`` (also its ``model`` label) on an
+    ``NVIDIA H100`` (unless ``factors`` say otherwise), recorded ``age_days`` ago by host
+    ``host-{name}``."""
+    return frontier_plan(name, [(kv_gib, baseline_gib, age_days)], **factors)
+
+
+def observation(
+    kv_gib: float, baseline_gib: float, age_days: float = 0, host: str = ""
+) -> Observation:
+    """One observation: ``kv_gib`` of KV cache from ``baseline_gib`` free, ``age_days`` old."""
+    return Observation(
+        kv_cache_memory_bytes=int(kv_gib * GiB),
+        free_memory_baseline=int(baseline_gib * GiB),
         created_at=time.time() - age_days * DAY,
+        producer={"host": host or "-", "plancache": "test"},
     )
+
+
+def frontier_plan(name: str, points: list[tuple[float, float, float]], **factors: Any) -> Plan:
+    """A plan of model ``name`` holding the frontier of ``points`` (KV GiB, baseline GiB,
+    age in days), each recorded by host ``host-{name}``; factors as ``named_plan``'s."""
+    keyed: dict[str, Any] = {"model": name, "device_name": "NVIDIA H100", **factors}
+    obs = frontier(observation(kv, base, age, f"host-{name}") for kv, base, age in points)
+    return Plan(fingerprint(keyed), keyed, obs, {"model": name})
 
 
 def fill(root: Path, n: int) -> None:

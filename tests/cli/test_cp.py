@@ -8,9 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from plancache import open_store
-from plancache.testing import child_env
-from tests.cli.helpers import LocalFixture, fill, named_plan, ok, run
+import orjson
+
+from plancache import Plan, fingerprint, open_store
+from plancache.fingerprint import object_name
+from plancache.merge import frontier
+from plancache.plan import Observation, Scalar
+from plancache.testing import GiB, child_env
+from tests.cli.helpers import (
+    LocalFixture,
+    fill,
+    named_plan,
+    observation,
+    ok,
+    record_bytes,
+    run,
+    write_raw,
+)
 
 
 def test_cp_merges(tmp_path: Path, store: LocalFixture) -> None:
@@ -27,6 +41,37 @@ def test_cp_merges(tmp_path: Path, store: LocalFixture) -> None:
     out = ok("cp", str(root), str(dst))
     assert "0 created, 1 replaced, 2 kept, 1 invalid skipped" in out
     assert open_store(str(dst)).get(better.fingerprint) == better
+
+
+def test_cp_merges_frontiers_and_upgrades_schema_1(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    factors: dict[str, Scalar] = {"model": "m", "device_name": "NVIDIA H100"}
+    fp = fingerprint(factors)
+    # no point dominates another: a lower baseline always comes with a smaller KV cache
+    a, b, c = observation(9, 60, 3, "a"), observation(10, 65, 2, "b"), observation(11, 70, 1, "c")
+
+    def put(root: Path, *points: Observation) -> None:
+        open_store(str(root)).put(Plan(fp, factors, frontier(points), {"model": "m"}))
+
+    put(src, a, b)
+    put(dst, b, c)
+    legacy_factors: dict[str, Scalar] = {"model": "old"}  # a record of plancache 0.1.0
+    legacy = fingerprint(legacy_factors)
+    write_raw(src, legacy, record_bytes(factors=legacy_factors))
+
+    out = ok("cp", str(src), str(dst))
+    assert out == f"copied {src} -> {dst}: 1 created, 1 replaced, 0 kept, 0 invalid skipped\n"
+    merged = open_store(str(dst)).get(fp)
+    assert merged is not None and merged.observations == (a, b, c)
+    assert merged.labels == {"model": "m"}
+    stored = orjson.loads((dst / object_name(legacy)).read_bytes())
+    assert stored["schema"] == 2 and len(stored["observations"]) == 1
+    assert stored["observations"][0]["kv_cache_memory_bytes"] == GiB
+    assert (src / object_name(legacy)).read_bytes() == record_bytes(  # the source is untouched
+        factors=legacy_factors, created_at=stored["observations"][0]["created_at"]
+    )
+    # copying again adds nothing
+    assert "0 created, 0 replaced, 2 kept" in ok("cp", str(src), str(dst))
 
 
 def test_cp_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:

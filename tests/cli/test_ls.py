@@ -5,24 +5,32 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from plancache import open_store
+from plancache import fingerprint, open_store
 from plancache.testing import GiB, child_env
-from tests.cli.helpers import LocalFixture, failure, ok
+from tests.cli.helpers import (
+    DAY,
+    LocalFixture,
+    failure,
+    frontier_plan,
+    ok,
+    record_bytes,
+    write_raw,
+)
 
 
 def test_ls_lists_plans_and_invalid_records(store: LocalFixture) -> None:
     root, plans, bad = store
     text = ok("ls", str(root))
     lines = text.splitlines()
-    headers = ["FINGERPRINT", "DEVICE", "KV", "GiB", "BASELINE", "GiB", "AGE", "HOST"]
-    assert lines[0].split() == headers
+    headers = ["FINGERPRINT", "MODEL", "DEVICE", "OBS", "MAX", "KV", "GiB", "MIN", "BASELINE"]
+    assert lines[0].split() == [*headers, "GiB", "AGE", "HOST"]
     assert [line[:12] for line in lines[1:4]] == [p.fingerprint[:12] for p in plans]  # newest 1st
-    assert "NVIDIA A10G" in lines[2] and "1.00" in lines[2] and "60.00" in lines[2]
-    assert "20d" in lines[2] and "host-b" in lines[2]
+    assert lines[2].split()[1:] == ["b", "NVIDIA", "A10G", "1", "1.00", "60.00", "20d", "host-b"]
     assert bad[:12] in text and "exceeds free_memory_baseline" in text
     assert lines[-1] == f"3 plans, 1 invalid, in {root}"
 
@@ -31,6 +39,11 @@ def test_ls_lists_plans_and_invalid_records(store: LocalFixture) -> None:
     assert [r["kv_cache_memory_bytes"] for r in valid] == [3 * GiB, 2 * GiB, 1 * GiB]
     assert valid[0]["fingerprint"] == plans[0].fingerprint
     assert valid[0]["device"] == "NVIDIA H100" and valid[0]["producer"]["host"] == "host-a"
+    assert (valid[0]["model"], valid[0]["observations"], valid[0]["labels"]) == (
+        "a",
+        1,
+        {"model": "a"},
+    )
     assert rows[-1] == {
         "fingerprint": bad,
         "valid": False,
@@ -92,3 +105,55 @@ def test_stats(store: LocalFixture) -> None:
     text = ok("stats", str(root))
     assert "3 (1 invalid)" in text and "(40d ago)" in text
     assert "NVIDIA H100 (2), NVIDIA A10G (1)" in text
+
+
+def test_ls_shows_the_frontier_of_each_record(tmp_path: Path) -> None:
+    root = tmp_path / "fleet"
+    s = open_store(str(root))
+    wide = frontier_plan("wide", [(10, 70, 3), (9.5, 66, 4), (11, 75, 1), (9, 68, 2)])
+    assert len(wide.observations) == 3  # (9, 68) is dominated by (9.5, 66)
+    s.put(wide)
+    legacy_factors = {"model": "old", "device_name": "NVIDIA H100"}  # written by plancache 0.1.0
+    legacy = fingerprint(legacy_factors)
+    write_raw(
+        root,
+        legacy,
+        record_bytes(
+            factors=legacy_factors, producer={"host": "h-old"}, created_at=time.time() - 2 * DAY
+        ),
+    )
+
+    lines = ok("ls", str(root), "--sort", "kv").splitlines()
+    assert lines[1].split() == [
+        wide.fingerprint[:12],
+        "wide",
+        "NVIDIA",
+        "H100",
+        "3",
+        "11.00",
+        "66.00",
+        "1d",
+        "host-wide",
+    ]
+    assert lines[2].split() == [
+        legacy[:12],
+        "-",
+        "NVIDIA",
+        "H100",
+        "1",
+        "1.00",
+        "2.00",
+        "2d",
+        "h-old",
+    ]
+    assert lines[-1] == f"2 plans, 0 invalid, in {root}"
+    rows = {r["fingerprint"]: r for r in json.loads(ok("ls", str(root), "--json"))}
+    assert rows[wide.fingerprint]["observations"] == 3
+    assert rows[wide.fingerprint]["kv_cache_memory_bytes"] == 11 * GiB
+    assert rows[wide.fingerprint]["free_memory_baseline"] == 66 * GiB
+    assert rows[wide.fingerprint]["model"] == "wide"
+    assert (rows[legacy]["model"], rows[legacy]["observations"], rows[legacy]["labels"]) == (
+        "-",
+        1,
+        {},
+    )

@@ -1,36 +1,65 @@
-"""``plancache prune``: plans past an age, and temp files that killed writers left behind."""
+"""``plancache prune``: observations past an age, records left with none, and temp files that
+killed writers left behind."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from plancache import open_store
 from plancache.fingerprint import object_name
-from tests.cli.helpers import LocalFixture, ok, run
+from plancache.testing import GiB
+from tests.cli.helpers import LocalFixture, frontier_plan, ok, run
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (temp files included) with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
 
 
 def test_prune(store: LocalFixture) -> None:
-    root, plans, _ = store
+    root, [a, b, c], _ = store
     s = open_store(str(root))
-    stale = root / f".{object_name(plans[0].fingerprint)}.host.1.abcd.x.tmp"
-    live = root / f".{object_name(plans[0].fingerprint)}.host.2.ef01.y.tmp"
+    mixed = frontier_plan("mixed", [(1, 60, 40), (2, 70, 15), (3, 80, 1)])  # ages in days
+    s.put(mixed)
+    stale = root / f".{object_name(a.fingerprint)}.host.1.abcd.x.tmp"
+    live = root / f".{object_name(a.fingerprint)}.host.2.ef01.y.tmp"
     stale.write_bytes(b"{")
     live.write_bytes(b"{")
     two_hours_ago = time.time() - 7200
     os.utime(stale, (two_hours_ago, two_hours_ago))
+    before = snapshot(root)
 
-    dry = ok("prune", "--older-than", "30d", "--dry-run", str(root))
-    assert dry.splitlines()[0].startswith(f"would delete {plans[2].fingerprint}  40d old")
-    assert "would delete 1 plan older than 30d" in dry and "1 abandoned temp file" in dry
-    assert "1 invalid record left" in dry
-    assert len(list(s.iter_fingerprints())) == 4 and stale.exists()
+    dry = ok("prune", "--older-than", "30d", "--dry-run", str(root)).splitlines()
+    assert sorted(dry[:2]) == sorted(
+        [
+            f"would drop 1 of 1 observation {c.fingerprint}",
+            f"would drop 1 of 3 observations {mixed.fingerprint}",
+        ]
+    )
+    assert dry[2].startswith("would drop 2 observations older than 30d in ")
+    assert "would delete 1 plan, and 1 abandoned temp file" in dry[2]
+    assert "; 1 invalid record left" in dry[2]
+    assert snapshot(root) == before  # a dry run changes nothing
 
-    out = ok("prune", str(root), "--older-than", "10d")
-    assert "deleted 2 plans older than 10d" in out and "1 abandoned temp file" in out
+    out = ok("prune", str(root), "--older-than", "10d").splitlines()
+    assert sorted(out[:3]) == sorted(
+        [
+            f"dropped 1 of 1 observation {b.fingerprint}",
+            f"dropped 1 of 1 observation {c.fingerprint}",
+            f"dropped 2 of 3 observations {mixed.fingerprint}",
+        ]
+    )
+    assert "dropped 4 observations older than 10d" in out[3]
+    assert "deleted 2 plans, and 1 abandoned temp file" in out[3]
     assert not stale.exists() and live.exists()
-    assert s.get(plans[0].fingerprint) is not None
-    assert s.get(plans[1].fingerprint) is None and s.get(plans[2].fingerprint) is None
+    assert s.get(a.fingerprint) == a
+    assert s.get(b.fingerprint) is None and s.get(c.fingerprint) is None
+    kept = s.get(mixed.fingerprint)  # the fresh observation stays, in the same record
+    assert kept is not None and kept.observations == mixed.observations[2:]
+    assert (kept.kv_cache_memory_bytes, kept.labels) == (3 * GiB, {"model": "mixed"})
+
     for duration in ("12h", "45m", "10s"):
         assert run("prune", "--older-than", duration, "--dry-run", str(root)).returncode == 0
     result = run("prune", "--older-than", "30 days", str(root))

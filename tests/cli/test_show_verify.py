@@ -8,7 +8,17 @@ from pathlib import Path
 
 from plancache import Plan, fingerprint, open_store
 from plancache.plan import MAX_RECORD_BYTES, Scalar
-from tests.cli.helpers import LocalFixture, failure, named_plan, ok, record_bytes, run, write_raw
+from plancache.testing import GiB
+from tests.cli.helpers import (
+    LocalFixture,
+    failure,
+    frontier_plan,
+    named_plan,
+    ok,
+    record_bytes,
+    run,
+    write_raw,
+)
 
 
 def test_show_by_prefix(store: LocalFixture) -> None:
@@ -24,6 +34,40 @@ def test_show_by_prefix(store: LocalFixture) -> None:
     assert result.returncode == 1
     assert json.loads(result.stdout)["fingerprint"] == bad
     assert "invalid record" in result.stderr and "exceeds" in result.stderr
+
+
+def test_show_lists_every_observation(tmp_path: Path) -> None:
+    root = tmp_path / "fleet"
+    wide = frontier_plan("wide", [(10, 70, 3), (9.5, 66, 4), (11, 75, 1)])
+    open_store(str(root)).put(wide)
+    lines = ok("show", wide.fingerprint[:6], "--url", str(root)).splitlines()
+    assert "observations 3 (a node applies the largest KV whose baseline fits)" in lines
+    start = lines.index(next(line for line in lines if "BASELINE GiB" in line))
+    rows = [line.split() for line in lines[start + 1 : start + 4]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("66.00", "9.50"),
+        ("70.00", "10.00"),
+        ("75.00", "11.00"),
+    ]
+    assert [r[-4] for r in rows] == ["(4d", "(3d", "(1d"]
+    assert all(r[-2:] == ["host=host-wide", "plancache=test"] for r in rows)
+    assert lines[start + 4 : start + 6] == ["labels", '  model  "wide"']
+    shown = json.loads(ok("show", wide.fingerprint, "--url", str(root), "--json"))
+    assert shown == wide.to_dict() and len(shown["observations"]) == 3
+
+
+def test_show_reads_a_schema_1_record(tmp_path: Path) -> None:
+    root = tmp_path / "old"
+    factors: dict[str, Scalar] = {"model": "old"}
+    fp = fingerprint(factors)
+    write_raw(root, fp, record_bytes(factors=factors, producer={"host": "h-old"}))
+    text = ok("show", fp[:8], "--url", str(root))
+    assert "observations 1 " in text and "host=h-old" in text and "model        -" in text
+    shown = json.loads(ok("show", fp, "--url", str(root), "--json"))  # as this version reads it
+    assert shown["schema"] == 2 and shown["labels"] == {}
+    assert [
+        (o["kv_cache_memory_bytes"], o["free_memory_baseline"]) for o in shown["observations"]
+    ] == [(GiB, 2 * GiB)]
 
 
 def test_show_errors(tmp_path: Path, store: LocalFixture) -> None:
@@ -45,6 +89,19 @@ def test_show_errors(tmp_path: Path, store: LocalFixture) -> None:
     assert "is ambiguous" in err and "matches 2 plans" in err and plan.fingerprint[:12] in err
 
 
+def frontier_record(tag: str, *, bad_kv: float) -> bytes:
+    """A schema-2 record under ``{"r": tag}`` whose three observations are valid but for the
+    last, which allocated ``bad_kv`` GiB from a 4 GiB baseline."""
+    plan = frontier_plan(tag, [(1, 2, 0), (2, 3, 0)])
+    record = plan.to_dict()
+    record["factors"] = {"r": tag}
+    record["fingerprint"] = fingerprint({"r": tag})
+    last = dict(record["observations"][-1])
+    last.update(kv_cache_memory_bytes=int(bad_kv * GiB), free_memory_baseline=4 * GiB)
+    record["observations"].append(last)
+    return json.dumps(record).encode()
+
+
 def test_verify_reports_every_rule_and_fix_deletes(store: LocalFixture) -> None:
     root, plans, bad = store
 
@@ -61,7 +118,7 @@ def test_verify_reports_every_rule_and_fix_deletes(store: LocalFixture) -> None:
             key("other"),
             record_bytes(factors={"r": "sum"}, fingerprint=key("other")),
         ),
-        "unsupported schema '1'": (
+        "schema must be an int, not '1'": (
             key("schema"),
             record_bytes(factors={"r": "schema"}, schema="1"),
         ),
@@ -70,6 +127,8 @@ def test_verify_reports_every_rule_and_fix_deletes(store: LocalFixture) -> None:
             record_bytes(factors={"r": "big"}, pad="x" * MAX_RECORD_BYTES),
         ),
         "lacks producer": (key("short"), record_bytes(factors={"r": "short"}, drop="producer")),
+        "exceeds free_memory_baseline": (key("one-bad"), frontier_record("one-bad", bad_kv=5)),
+        "not a frontier": (key("dominated"), frontier_record("dominated", bad_kv=0.5)),
     }
     names = {}
     for reason, (fp, data) in breakers.items():
@@ -81,9 +140,10 @@ def test_verify_reports_every_rule_and_fix_deletes(store: LocalFixture) -> None:
     names[moved] = "does not match the key"
     names[bad] = "exceeds free_memory_baseline"
     newer = key("newer")  # a newer plancache's record: reported, never counted or deleted
-    write_raw(root, newer, b'{"schema": 2, "fingerprint": "%s"}' % newer.encode())
+    write_raw(root, newer, b'{"schema": 3, "fingerprint": "%s"}' % newer.encode())
     kept_line = (
-        f"{newer}  record has schema 2; this plancache reads 1 (another version's record: kept)"
+        f"{newer}  record has schema 3; this plancache reads 1 and 2 "
+        "(another version's record: kept)"
     )
 
     result = run("verify", str(root))
