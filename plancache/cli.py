@@ -47,7 +47,8 @@ _COMMAND_HELP = {
     "show": "show a whole record, factors included, by fingerprint or unique prefix",
     "verify": "check every record against the format's rules; exit 1 if any is invalid",
     "rm": "delete plans by fingerprint or unique prefix",
-    "prune": "delete plans older than an age, and abandoned temp files of local stores",
+    "prune": "drop observations older than an age (a plan left with none is deleted), and "
+    "abandoned temp files of local stores",
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
     "stats": "plan count, bytes, oldest and newest plan, devices seen",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
@@ -193,8 +194,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print_table(["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"], rows, right={0, 1})
     if p.labels:
         print("labels")
+        label_width = max(len(k) for k in p.labels)
         for key in sorted(p.labels):
-            print(f"  {key}  {orjson.dumps(p.labels[key]).decode()}")
+            print(f"  {key.ljust(label_width)}  {orjson.dumps(p.labels[key]).decode()}")
     print("factors")
     for key in sorted(p.factors):
         print(f"  {key.ljust(width)}  {orjson.dumps(p.factors[key]).decode()}")
@@ -225,7 +227,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Delete plans recorded longer ago than ``--older-than``, and abandoned temp files."""
+    """Drop observations recorded longer ago than ``--older-than`` (deleting plans left with
+    none), and abandoned temp files."""
     store = _open(args, args.url)
     now = time.time()
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
