@@ -172,6 +172,12 @@ class Observation:
         """Canonical bytes of the observation (sorted keys): its identity in a total order."""
         return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
 
+    @property
+    def digest(self) -> str:
+        """sha256 hex digest of :meth:`encode`: names this observation in tombstones and
+        crash marks."""
+        return hashlib.sha256(self.encode()).hexdigest()
+
     @classmethod
     def from_dict(cls, obj: object) -> Observation:
         """Validate decoded JSON; raises only ``InvalidPlanError``."""
