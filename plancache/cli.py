@@ -145,7 +145,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             gib(p.kv_cache_memory_bytes),
             gib(p.free_memory_baseline),
             age(now - p.created_at),
-            _host(p.newest.producer),
+            _host({} if p.newest is None else p.newest.producer),
         ]
         for p, _ in valid
     ]

@@ -62,6 +62,8 @@ def gate(
     ``gate:budget-unknown``/``exceeds-budget``."""
     if type(current_free_memory) is not int or current_free_memory <= 0:
         return None, Reason.FREE_MEMORY_UNKNOWN
+    if not plan.observations:  # every observation was retracted
+        return None, Reason.MISS
     fits = [o for o in plan.observations if o.free_memory_baseline <= current_free_memory]
     if not fits:
         return None, Reason.BELOW_BASELINE
