@@ -200,6 +200,33 @@ class PlanCache:
         _log_lookup(decision, current_free_memory)
         return decision
 
+    def retract(self, fingerprint: str, observation: Observation) -> bool:
+        """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
+        (``PlanStore.retract``; a read-only tiered store only touches its local tier). True
+        if the store answered; bounded by the time budget; never raises."""
+        start = time.perf_counter()
+        try:
+            _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+        except Exception as exc:
+            reason, detail = _describe(exc)
+            log.warning(
+                "plancache: retract %s fp=%s failed in %.1f ms: %s",
+                reason.value,
+                _short(fingerprint),
+                (time.perf_counter() - start) * 1e3,
+                detail,
+            )
+            return False
+        log.warning(
+            "plancache: retracted fp=%s kv=%s baseline=%s from %s in %.1f ms",
+            _short(fingerprint),
+            _gib(observation.kv_cache_memory_bytes),
+            _gib(observation.free_memory_baseline),
+            self.store.url,
+            (time.perf_counter() - start) * 1e3,
+        )
+        return True
+
     def record(
         self,
         factors: Mapping[str, Scalar],

@@ -240,6 +240,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     )
     if result.temp_files is not None:
         summary += f", and {plural(result.temp_files, 'abandoned temp file')}"
+    if result.marks:
+        summary += f", and {plural(result.marks, 'crash mark')}"
     if result.invalid:
         left = plural(result.invalid, "invalid record")
         summary += f"; {left} left (`plancache verify --fix` deletes them)"

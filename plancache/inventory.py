@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from plancache.backends.local import LocalStore
+from plancache.breaker import Breaker
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
 from plancache.plan import Observation, Plan, Tombstone
@@ -255,6 +256,9 @@ class Pruning:
     """Records deleted because none of their observations was left (or that would be)."""
     temp_files: int | None
     """Abandoned temp files removed (or that would be); None for stores other than local."""
+    marks: int | None
+    """Crash marks and crash records (``plancache.breaker``) older than ``older_than``
+    removed (or that would be); None for stores other than local."""
     invalid: int
     """Records that are no plan of this version (invalid, or of another schema), left in
     place; ``verify(fix=True)`` deletes the invalid ones."""
@@ -268,7 +272,7 @@ def prune(
     that observations written since are kept, and the tombstones of observations created
     before that time (an older copy of one is pruned anyway); a record is deleted only when
     none of its observations and tombstones is left. On a local store, also the temp files
-    killed writers left."""
+    killed writers left, and the crash marks older than ``older_than``."""
     cutoff = (time.time() if now is None else now) - older_than
 
     def fresh(o: Observation) -> bool:
@@ -292,10 +296,12 @@ def prune(
             continue
         with contextlib.suppress(InvalidPlanError):  # turned invalid since: verify's job
             deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh, recent)) is None
-    temps = None
+    temps = marks = None
     if isinstance(store, LocalStore):
         temps = store.remove_stale_temp_files(dry_run=dry_run)
-    return Pruning(pruned, dropped, deleted, temps, sum(e.plan is None for e in entries))
+        marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
+    invalid = sum(e.plan is None for e in entries)
+    return Pruning(pruned, dropped, deleted, temps, marks, invalid)
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
