@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -20,7 +20,7 @@ from plancache import __version__
 from plancache.defaults import DEFAULT_BUDGET_S
 from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
 from plancache.fingerprint import fingerprint
-from plancache.gate import gate
+from plancache.gate import Budget, gate
 from plancache.plan import Observation, Plan, Scalar
 from plancache.reasons import Reason, RecordReason
 from plancache.store import PlanStore, PutOutcome
@@ -153,8 +153,21 @@ class PlanCache:
 
         threading.Thread(target=open_store, name="plancache-warm", daemon=True).start()
 
-    def lookup(self, factors: Mapping[str, Scalar], current_free_memory: object) -> Decision:
-        """The KV-cache size to apply for ``factors`` now, or a miss with its reason."""
+    def lookup(
+        self,
+        factors: Mapping[str, Scalar],
+        current_free_memory: object,
+        *,
+        budget: Budget | None = None,
+        avoid: Collection[str] = (),
+    ) -> Decision:
+        """The KV-cache size to apply for ``factors`` now, or a miss with its reason.
+
+        ``budget``: what this boot may use (``plancache.gate.Budget``); an observation whose
+        KV cache exceeds requested memory minus the weights is never applied, and a smaller
+        plausible one of the same record is applied instead. ``avoid``: digests of
+        observations not to apply (``Breaker.avoided``). A tiered store keeps looking in the
+        remote while the local tier's record has nothing the gate accepts."""
         start = time.perf_counter()
         fp: str | None = None
         plan: Plan | None = None
@@ -169,7 +182,7 @@ class PlanCache:
             try:
 
                 def usable(p: Plan) -> bool:
-                    return gate(p, current_free_memory)[0] is not None
+                    return gate(p, current_free_memory, budget, avoid)[0] is not None
 
                 plan = _bounded(lambda: self.store.find(key, usable), self.timeout)
             except Exception as exc:
@@ -178,12 +191,41 @@ class PlanCache:
                 if plan is None:
                     reason = Reason.MISS
                 else:
-                    chosen, reason = gate(plan, current_free_memory)
+                    chosen, reason = gate(plan, current_free_memory, budget, avoid)
+                    if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
+                        detail = _budget_detail(plan, current_free_memory, budget)
         kv = None if chosen is None else chosen.kv_cache_memory_bytes
         seconds = time.perf_counter() - start
         decision = Decision(kv, reason, fp, seconds, plan, detail, chosen)
         _log_lookup(decision, current_free_memory)
         return decision
+
+    def retract(self, fingerprint: str, observation: Observation) -> bool:
+        """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
+        (``PlanStore.retract``; a read-only tiered store only touches its local tier). True
+        if the store answered; bounded by the time budget; never raises."""
+        start = time.perf_counter()
+        try:
+            _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+        except Exception as exc:
+            reason, detail = _describe(exc)
+            log.warning(
+                "plancache: retract %s fp=%s failed in %.1f ms: %s",
+                reason.value,
+                _short(fingerprint),
+                (time.perf_counter() - start) * 1e3,
+                detail,
+            )
+            return False
+        log.warning(
+            "plancache: retracted fp=%s kv=%s baseline=%s from %s in %.1f ms",
+            _short(fingerprint),
+            _gib(observation.kv_cache_memory_bytes),
+            _gib(observation.free_memory_baseline),
+            self.store.url,
+            (time.perf_counter() - start) * 1e3,
+        )
+        return True
 
     def record(
         self,
@@ -244,6 +286,24 @@ def _gib(value: object) -> str:
     return f"{value!r:.40}"
 
 
+def _budget_detail(plan: Plan, current_free_memory: object, budget: Budget | None) -> str:
+    """The numbers behind a plausibility rejection."""
+    assert budget is not None
+    requested, weights = budget.requested_memory, budget.weights_memory
+    if type(requested) is not int or type(weights) is not int:
+        return f"budget figures are not usable: requested={requested!r:.40} weights={weights!r:.40}"
+    fits = [
+        o.kv_cache_memory_bytes
+        for o in plan.observations
+        if type(current_free_memory) is int and o.free_memory_baseline <= current_free_memory
+    ]
+    return (
+        f"smallest applicable kv={_gib(min(fits, default=0))} ({min(fits, default=0)} B) exceeds "
+        f"requested={_gib(requested)} ({requested} B) - weights={_gib(weights)} ({weights} B)"
+        f" = {requested - weights} B"
+    )
+
+
 def _log_lookup(d: Decision, current_free_memory: object) -> None:
     extra = ""
     if d.observation is not None:
@@ -256,7 +316,10 @@ def _log_lookup(d: Decision, current_free_memory: object) -> None:
             f" free={_gib(current_free_memory)} observations={len(d.plan.observations)}"
             f" lowest-baseline={_gib(d.plan.free_memory_baseline)}"
         )
-    quiet = d.reason in (Reason.HIT, Reason.MISS) or d.reason.startswith("gate")
+    suspicious = d.reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN, Reason.CRASHED_BEFORE)
+    quiet = d.reason in (Reason.HIT, Reason.MISS) or (
+        d.reason.startswith("gate") and not suspicious
+    )
     level = logging.INFO if quiet else logging.WARNING
     log.log(
         level,

@@ -146,7 +146,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             gib(p.kv_cache_memory_bytes),
             gib(p.free_memory_baseline),
             age(now - p.created_at),
-            _host(p.newest.producer),
+            _host({} if p.newest is None else p.newest.producer),
         ]
         for p, _ in valid
     ]
@@ -243,6 +243,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     )
     if result.temp_files is not None:
         summary += f", and {plural(result.temp_files, 'abandoned temp file')}"
+    if result.marks:
+        summary += f", and {plural(result.marks, 'crash mark')}"
     if result.invalid:
         left = plural(result.invalid, "invalid record")
         summary += f"; {left} left (`plancache verify --fix` deletes them)"

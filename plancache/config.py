@@ -111,6 +111,16 @@ class Settings:
         )
         return cls(url, timeout, read_only, tier, options)
 
+    @property
+    def local_dir(self) -> str:
+        """This node's own directory: the local tier, else the store itself when it is local,
+        else the default directory (crash marks live under it)."""
+        if self.local_tier is not None:
+            return self.local_tier
+        if not is_remote(self.url):
+            return self.url.removeprefix("file://")
+        return str(default_dir())
+
     def open_store(self) -> PlanStore:
         """The configured store: the remote one behind a local tier when one is set."""
         store = open_store(self.url, **self.storage_options)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from plancache.backends.local import LocalStore
+from plancache.breaker import Breaker
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
-from plancache.plan import Observation, Plan
+from plancache.plan import Observation, Plan, Tombstone
 from plancache.store import PlanStore, PutOutcome
 
 T = TypeVar("T")
@@ -255,6 +256,9 @@ class Pruning:
     """Records deleted because none of their observations was left (or that would be)."""
     temp_files: int | None
     """Abandoned temp files removed (or that would be); None for stores other than local."""
+    marks: int | None
+    """Crash marks and crash records (``plancache.breaker``) older than ``older_than``
+    removed (or that would be); None for stores other than local."""
     invalid: int
     """Records that are no plan of this version (invalid, or of another schema), left in
     place; ``verify(fix=True)`` deletes the invalid ones."""
@@ -265,30 +269,39 @@ def prune(
 ) -> Pruning:
     """Drop the observations created more than ``older_than`` seconds before ``now``
     (default: the current time), through the store's compare-and-swap (``rewrite``), so
-    that observations written since are kept; a record is deleted only when none of its
-    observations is left. On a local store, also the temp files killed writers left."""
+    that observations written since are kept, and the tombstones of observations created
+    before that time (an older copy of one is pruned anyway); a record is deleted only when
+    none of its observations and tombstones is left. On a local store, also the temp files
+    killed writers left, and the crash marks older than ``older_than``."""
     cutoff = (time.time() if now is None else now) - older_than
 
     def fresh(o: Observation) -> bool:
         return o.created_at >= cutoff
 
+    def recent(t: Tombstone) -> bool:  # an older copy of its observation is pruned anyway
+        return t.created_at >= cutoff
+
     entries = scan(store)
     pruned: list[Plan] = []
     dropped = deleted = 0
     for e in entries:
-        if e.plan is None or all(fresh(o) for o in e.plan.observations):
+        if e.plan is None or (
+            all(map(fresh, e.plan.observations)) and all(map(recent, e.plan.retracted))
+        ):
             continue
         pruned.append(e.plan)
         dropped += sum(not fresh(o) for o in e.plan.observations)
         if dry_run:
-            deleted += e.plan.keeping(fresh) is None
+            deleted += e.plan.keeping(fresh, recent) is None
             continue
         with contextlib.suppress(InvalidPlanError):  # turned invalid since: verify's job
-            deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh)) is None
-    temps = None
+            deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh, recent)) is None
+    temps = marks = None
     if isinstance(store, LocalStore):
         temps = store.remove_stale_temp_files(dry_run=dry_run)
-    return Pruning(pruned, dropped, deleted, temps, sum(e.plan is None for e in entries))
+        marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
+    invalid = sum(e.plan is None for e in entries)
+    return Pruning(pruned, dropped, deleted, temps, marks, invalid)
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
@@ -311,7 +324,7 @@ def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
         "free_memory_baseline": p.free_memory_baseline,
         "created_at": p.created_at,
         "age_seconds": (time.time() if now is None else now) - p.created_at,
-        "producer": dict(p.newest.producer),
+        "producer": {} if p.newest is None else dict(p.newest.producer),
         "labels": dict(p.labels),
         "bytes": len(entry.raw),
     }

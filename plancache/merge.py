@@ -13,6 +13,17 @@ capacity a node between the two gives up by applying the neighbour instead). The
 lowest-baseline point (coverage: every node that could apply anything still can) and the
 largest-KV point are never dropped. Points equal in both numbers keep the one whose canonical
 encoding sorts first, so every writer picks the same.
+
+Retraction: a record's tombstones (``Plan.retracted``) name observations that must never be
+applied again. The merge takes the union of both records' tombstones (a digest in both keeps
+its latest retraction time; past ``MAX_TOMBSTONES`` the ones retracted longest ago are dropped,
+ties by digest) and removes every observation a kept tombstone names before taking the
+frontier. So a retracted observation never comes back through the merge of an older copy (a
+node's local tier, ``plancache cp`` from a stale directory) while its tombstone is kept.
+With tombstones the merge stays commutative and idempotent; it stays associative unless a
+tombstone names a point that dominated another: a merge that ran before the retraction had
+already dropped the dominated point, and the retraction does not bring it back (the record is
+then smaller, never wrong).
 """
 
 from __future__ import annotations
@@ -21,7 +32,15 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
-from plancache.plan import MAX_LABELS, MAX_OBSERVATIONS, Observation, Plan, Scalar
+from plancache.plan import (
+    MAX_LABELS,
+    MAX_OBSERVATIONS,
+    MAX_TOMBSTONES,
+    Observation,
+    Plan,
+    Scalar,
+    Tombstone,
+)
 
 
 def dominates(new: Observation, old: Observation) -> bool:
@@ -87,14 +106,42 @@ def merge_labels(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> dict[str, 
     return merged
 
 
+def tombstones(
+    retracted: Iterable[Tombstone], bound: int = MAX_TOMBSTONES
+) -> tuple[Tombstone, ...]:
+    """The union of tombstones, one per digest (its latest retraction), the ``bound`` most
+    recently retracted ones, sorted by digest. A function of the set alone."""
+    latest: dict[str, Tombstone] = {}
+    for t in retracted:
+        old = latest.get(t.observation)
+        if old is None or (t.retracted_at, t.created_at) > (old.retracted_at, old.created_at):
+            latest[t.observation] = t
+    kept = sorted(latest.values(), key=lambda t: (-t.retracted_at, t.observation))[:bound]
+    return tuple(sorted(kept, key=lambda t: t.observation))
+
+
 def merge(stored: Plan, new: Plan) -> Plan:
-    """The record that holds both: the frontier of their observations and their labels
-    merged. Commutative and idempotent; ``ValueError`` for records of different keys."""
+    """The record that holds both: the union of their tombstones, the frontier of their
+    observations that no tombstone names, and their labels merged. Commutative and
+    idempotent; ``ValueError`` for records of different keys."""
     if stored.fingerprint != new.fingerprint:
         raise ValueError("cannot merge records of different fingerprints")
+    tombs = tombstones((*stored.retracted, *new.retracted))
+    dead = {t.observation for t in tombs}
+    alive = (o for o in (*stored.observations, *new.observations) if o.digest not in dead)
     return Plan(
         stored.fingerprint,
         stored.factors,
-        frontier((*stored.observations, *new.observations)),
+        frontier(alive),
         merge_labels(stored.labels, new.labels),
+        retracted=tombs,
+    )
+
+
+def retract(plan: Plan, observation: Observation, at: float) -> Plan:
+    """``plan`` without ``observation`` and with its tombstone (retracted at ``at``), which
+    is added even when the record does not hold it, so that no later merge brings it in."""
+    return merge(
+        plan,
+        Plan(plan.fingerprint, plan.factors, (), retracted=(Tombstone.of(observation, at),)),
     )

@@ -6,9 +6,16 @@ always comes with a smaller KV cache (no observation dominates another). Every r
 self-verifying: its ``fingerprint`` is the sha256 of the canonical encoding of its
 ``factors``, so a record can be checked without trusting where it came from.
 
-Schema 2 (this version) writes ``observations`` and ``labels``; a schema-1 record (plancache
-0.1.0: one observation at top level) is read as a one-point frontier and upgraded by the
-next write; any other schema is ``UnsupportedSchemaError``.
+Schema 2 (this version) writes ``observations`` and ``labels``, and ``retracted`` when the
+record holds tombstones; a schema-1 record (plancache 0.1.0: one observation at top level) is
+read as a one-point frontier and upgraded by the next write; any other schema is
+``UnsupportedSchemaError``.
+
+Tombstones (``retracted``): a retracted observation is removed from the record and named by a
+tombstone (its digest, its ``created_at`` and when it was retracted), so that merging an older
+copy never brings it back (see ``plancache.merge``). A record whose every observation was
+retracted keeps its tombstones and no observation: it applies nowhere, and it still removes
+the retracted observations from whatever is merged into it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ MAX_RECORD_BYTES = 64 * 1024
 """Largest encoded record accepted; readers fetch at most this plus one byte."""
 MAX_OBSERVATIONS = 32
 """Most observations a record keeps (see ``plancache.merge.frontier`` for which)."""
+MAX_TOMBSTONES = 32
+"""Most tombstones a record keeps (see ``plancache.merge.tombstones`` for which)."""
 MAX_PRODUCER_BYTES = 1024
 """Largest encoded ``producer`` of one observation."""
 MAX_LABELS = 16
@@ -172,6 +181,12 @@ class Observation:
         """Canonical bytes of the observation (sorted keys): its identity in a total order."""
         return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
 
+    @property
+    def digest(self) -> str:
+        """sha256 hex digest of :meth:`encode`: names this observation in tombstones and
+        crash marks."""
+        return hashlib.sha256(self.encode()).hexdigest()
+
     @classmethod
     def from_dict(cls, obj: object) -> Observation:
         """Validate decoded JSON; raises only ``InvalidPlanError``."""
@@ -184,6 +199,47 @@ class Observation:
 
 
 _OBSERVATION_FIELDS = ("kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer")
+_TOMBSTONE_FIELDS = ("observation", "created_at", "retracted_at")
+
+
+def _is_digest(value: object) -> bool:
+    return type(value) is str and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A retracted observation: its ``digest`` (``Observation.digest``), its ``created_at``
+    (so that pruning can forget tombstones of observations it would prune anyway) and the time
+    it was retracted."""
+
+    observation: str
+    created_at: float
+    retracted_at: float
+
+    def __post_init__(self) -> None:
+        if not _is_digest(self.observation):
+            raise InvalidPlanError("a tombstone names an observation by its sha256 hex digest")
+        object.__setattr__(self, "created_at", _timestamp(self.created_at))
+        object.__setattr__(self, "retracted_at", _timestamp(self.retracted_at))
+
+    @classmethod
+    def of(cls, observation: Observation, retracted_at: float) -> Tombstone:
+        """The tombstone of ``observation``, retracted at ``retracted_at``."""
+        return cls(observation.digest, observation.created_at, retracted_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "observation": self.observation,
+            "created_at": self.created_at,
+            "retracted_at": self.retracted_at,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: object) -> Tombstone:
+        """Validate decoded JSON; raises only ``InvalidPlanError``."""
+        if not isinstance(obj, dict) or any(k not in obj for k in _TOMBSTONE_FIELDS):
+            raise InvalidPlanError(f"a tombstone is an object with {', '.join(_TOMBSTONE_FIELDS)}")
+        return cls(**{k: obj[k] for k in _TOMBSTONE_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -193,7 +249,8 @@ class Plan:
     ``observations`` is a frontier sorted by baseline: baselines and KV sizes both strictly
     increase, so no observation dominates another and the first applies on the most nodes.
     ``schema`` is the schema the record was read as (``LEGACY_SCHEMA`` or ``SCHEMA``);
-    ``encode`` always writes ``SCHEMA``.
+    ``encode`` always writes ``SCHEMA``. ``retracted``: tombstones sorted by digest, none
+    naming an observation of the record; a record without observations holds at least one.
     """
 
     fingerprint: str
@@ -201,6 +258,7 @@ class Plan:
     observations: tuple[Observation, ...]
     labels: Mapping[str, Scalar] = field(default_factory=dict)
     schema: int = SCHEMA
+    retracted: tuple[Tombstone, ...] = ()
 
     def __post_init__(self) -> None:
         if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
@@ -214,8 +272,20 @@ class Plan:
         obs = self.observations
         if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
             raise InvalidPlanError("observations must be a tuple of Observation")
-        if not 0 < len(obs) <= MAX_OBSERVATIONS:
-            raise InvalidPlanError(f"a record holds 1..{MAX_OBSERVATIONS} observations")
+        tombs = self.retracted
+        if not isinstance(tombs, tuple) or not all(isinstance(t, Tombstone) for t in tombs):
+            raise InvalidPlanError("retracted must be a tuple of Tombstone")
+        if len(tombs) > MAX_TOMBSTONES:
+            raise InvalidPlanError(f"a record holds at most {MAX_TOMBSTONES} tombstones")
+        if any(a.observation >= b.observation for a, b in itertools.pairwise(tombs)):
+            raise InvalidPlanError("tombstones are not sorted by digest without repeats")
+        if len(obs) > MAX_OBSERVATIONS or not (obs or tombs):
+            raise InvalidPlanError(
+                f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with tombstones)"
+            )
+        dead = {t.observation for t in tombs}
+        if dead and any(o.digest in dead for o in obs):
+            raise InvalidPlanError("a record holds an observation it also retracted")
         for low, high in itertools.pairwise(obs):
             if not (
                 low.free_memory_baseline < high.free_memory_baseline
@@ -250,30 +320,39 @@ class Plan:
     # -- the frontier's extremes and newest point, for listings ---------------------------
     @property
     def kv_cache_memory_bytes(self) -> int:
-        """The largest KV cache any observation allocated (the last one's)."""
-        return self.observations[-1].kv_cache_memory_bytes
+        """The largest KV cache any observation allocated (the last one's); 0 without any."""
+        return self.observations[-1].kv_cache_memory_bytes if self.observations else 0
 
     @property
     def free_memory_baseline(self) -> int:
-        """The lowest baseline of any observation (the first one's): below it nothing applies."""
-        return self.observations[0].free_memory_baseline
+        """The lowest baseline of any observation (the first one's): below it nothing applies;
+        0 without any."""
+        return self.observations[0].free_memory_baseline if self.observations else 0
 
     @property
-    def newest(self) -> Observation:
-        """The most recently created observation."""
-        return max(self.observations, key=lambda o: o.created_at)
+    def newest(self) -> Observation | None:
+        """The most recently created observation (None in a record of tombstones only)."""
+        return max(self.observations, key=lambda o: o.created_at, default=None)
 
     @property
     def created_at(self) -> float:
-        """When the newest observation was made."""
-        return self.newest.created_at
+        """When the newest observation was made (else the latest retraction)."""
+        if self.newest is not None:
+            return self.newest.created_at
+        return max(t.retracted_at for t in self.retracted)
 
-    def keeping(self, keep: Callable[[Observation], bool]) -> Plan | None:
-        """This record with only the observations ``keep`` accepts; None if none is left."""
+    def keeping(
+        self,
+        keep: Callable[[Observation], bool],
+        keep_tombstone: Callable[[Tombstone], bool] = lambda t: True,
+    ) -> Plan | None:
+        """This record with only the observations ``keep`` and the tombstones
+        ``keep_tombstone`` accept; None if neither is left."""
         kept = tuple(o for o in self.observations if keep(o))
-        if not kept:
+        tombs = tuple(t for t in self.retracted if keep_tombstone(t))
+        if not (kept or tombs):
             return None
-        return Plan(self.fingerprint, self.factors, kept, self.labels)
+        return Plan(self.fingerprint, self.factors, kept, self.labels, retracted=tombs)
 
     # -- encoding -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -284,7 +363,7 @@ class Plan:
             "factors": dict(self.factors),
             "observations": [o.to_dict() for o in self.observations],
             "labels": dict(self.labels),
-        }
+        } | ({"retracted": [t.to_dict() for t in self.retracted]} if self.retracted else {})
 
     def encode(self) -> bytes:
         """JSON bytes of the record; raises :class:`InvalidPlanError` if over the size limit."""
@@ -329,7 +408,17 @@ class Plan:
             observations = tuple(Observation.from_dict(o) for o in obj["observations"])
         else:
             raise InvalidPlanError("observations must be a JSON array")
-        return cls(obj["fingerprint"], obj["factors"], observations, obj.get("labels", {}), schema)
+        tombs = obj.get("retracted", []) if schema == SCHEMA else []
+        if not isinstance(tombs, list):
+            raise InvalidPlanError("retracted must be a JSON array")
+        return cls(
+            obj["fingerprint"],
+            obj["factors"],
+            observations,
+            obj.get("labels", {}),
+            schema,
+            tuple(Tombstone.from_dict(t) for t in tombs),
+        )
 
 
 _FIELDS = ("schema", "fingerprint", "factors", "observations")

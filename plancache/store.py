@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from plancache.errors import InvalidPlanError, PlanStoreConflictError, UnsupportedSchemaError
 from plancache.fingerprint import validate_key
-from plancache.merge import merge
-from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
+from plancache.merge import merge, retract
+from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Observation, Plan
 
 log = logging.getLogger("plancache")
 
@@ -163,6 +164,16 @@ class PlanStore(ABC):
         raise PlanStoreConflictError(
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )
+
+    def retract(self, fp: str, observation: Observation, at: float | None = None) -> Plan | None:
+        """Remove ``observation`` from the record under ``fp`` and keep its tombstone, through
+        ``rewrite``'s compare-and-swap; returns the record now stored (None if there is none:
+        nothing to retract). Every other observation stays. When no observation is left the
+        record is kept with its tombstones only (it applies nowhere), so that an older copy
+        merged later cannot bring the observation back; ``plancache prune`` forgets it once
+        the observation itself would be pruned."""
+        when = time.time() if at is None else at
+        return self.rewrite(fp, lambda p: retract(p, observation, when))
 
     def delete(self, fp: str) -> bool:
         """Remove the plan under ``fp``; True if one was there."""

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plancache.gate import gate
-from plancache.merge import covers, dominates, frontier, merge, merge_labels
-from plancache.plan import MAX_OBSERVATIONS, Observation, Plan
+from plancache.merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
+from plancache.plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Observation, Plan, Tombstone
 from plancache.testing import FACTORS, GiB
 
 MiB = 1 << 20
@@ -135,3 +135,83 @@ def test_a_shuffled_fleet_converges_on_one_frontier() -> None:
             acc = merge(acc, p)
         results.add(acc.encode())
     assert len(results) == 1
+
+
+# -- tombstones --------------------------------------------------------------------------------
+def _record(points: list[Observation], dead: list[tuple[Observation, float]]) -> Plan:
+    """A record of the frontier of ``points`` with tombstones for ``dead`` (observation,
+    retraction time), merged so that it obeys every rule."""
+    fp = make_fp()
+    tombs = tombstones(Tombstone.of(o, t) for o, t in dead)
+    gone = {t.observation for t in tombs}
+    alive = frontier(o for o in points if o.digest not in gone)
+    if not (alive or tombs):
+        return Plan(fp, FACTORS, frontier(points[:1] or [Observation(1, 1, 0.0)]))
+    return Plan(fp, FACTORS, alive, retracted=tombs)
+
+
+def make_fp() -> str:
+    return Plan.new(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=1).fingerprint
+
+
+pool = st.lists(observations, min_size=1, max_size=8, unique_by=lambda o: o.digest)
+times = st.sampled_from([10.0, 20.0, 30.0])
+
+
+@st.composite
+def records(draw: st.DrawFn, universe: list[Observation]) -> Plan:
+    points = draw(st.lists(st.sampled_from(universe), max_size=6))
+    dead = draw(st.lists(st.tuples(st.sampled_from(universe), times), max_size=3))
+    return _record(points, dead)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), pool)
+def test_merge_with_tombstones_is_commutative_idempotent_and_never_resurrects(
+    data: st.DataObject, universe: list[Observation]
+) -> None:
+    a, b, c = (data.draw(records(universe)) for _ in range(3))
+    assert merge(a, b) == merge(b, a)
+    assert merge(a, a) == a
+    left, right = merge(merge(a, b), c), merge(a, merge(b, c))
+    assert left.retracted == right.retracted  # the tombstones: associative
+    for result in (left, right):
+        dead = {t.observation for t in result.retracted}
+        assert not any(o.digest in dead for o in result.observations)
+        assert {t.observation for r in (a, b, c) for t in r.retracted} <= dead  # within bound
+    named = {t.observation for t in left.retracted}
+    union = [o for r in (a, b, c) for o in r.observations]
+    if not any(o.digest in named and any(dominates(o, x) for x in union) for o in union):
+        assert left == right  # associative unless a retracted point had dominated another
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 5)), max_size=120))
+def test_tombstones_are_bounded_and_keep_the_latest_retractions(
+    raw: list[tuple[int, int]],
+) -> None:
+    tombs = [Tombstone(f"{n:064x}", 1.0, float(t)) for n, t in raw]
+    kept = tombstones(tombs)
+    assert len(kept) <= MAX_TOMBSTONES
+    assert [t.observation for t in kept] == sorted({t.observation for t in kept})
+    latest = {}
+    for t in tombs:
+        latest[t.observation] = max(latest.get(t.observation, 0.0), t.retracted_at)
+    assert len(kept) == min(MAX_TOMBSTONES, len(latest))
+    assert all(latest[t.observation] == t.retracted_at for t in kept)
+    if kept:
+        floor = min(t.retracted_at for t in kept)
+        assert all(r <= floor for d, r in latest.items() if d not in {t.observation for t in kept})
+    assert tombstones(reversed(tombs)) == kept
+
+
+def test_a_stale_copy_merged_later_does_not_bring_a_retracted_point_back() -> None:
+    good, bad = Observation(GiB, 2 * GiB, 1.0), Observation(5 * GiB, 9 * GiB, 1.0)
+    stale = Plan(make_fp(), FACTORS, frontier([good, bad]))
+    retracted = retract(stale, bad, 100.0)
+    assert retracted.observations == (good,)
+    assert merge(retracted, stale) == merge(stale, retracted) == retracted
+    only_bad = retract(Plan(make_fp(), FACTORS, (bad,)), bad, 100.0)
+    assert only_bad.observations == () and len(only_bad.retracted) == 1
+    assert merge(Plan(make_fp(), FACTORS, (bad,)), only_bad) == only_bad
+    assert Plan.decode(only_bad.encode()) == only_bad

@@ -65,16 +65,16 @@ class TieredStore(PlanStore):
         return self.find(fp, lambda plan: True)
 
     def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
-        """The local tier's plan if ``usable`` accepts it; else the remote's (merged into the
-        local tier), else the local one."""
+        """The local tier's plan if ``usable`` accepts it; else the remote's merged into the
+        local tier (so the local tier's tombstones still hold), else the local one."""
         local = self._get_local(fp)
         if local is not None and usable(local):
             return local
         plan = self.remote.get(fp)
         if plan is None:
             return local
-        if plan != local:
-            self._put_local(plan)
+        if plan != local and self.local is not None:
+            return self._put_local(plan) or plan
         return plan
 
     def put_merged(self, plan: Plan) -> tuple[PutOutcome, Plan | None]:
@@ -130,12 +130,14 @@ class TieredStore(PlanStore):
             log.warning("plancache: local tier %s: %s", self.local.url, exc)
             return None
 
-    def _put_local(self, plan: Plan) -> None:
+    def _put_local(self, plan: Plan) -> Plan | None:
+        """Merge ``plan`` into the local tier; the record it now holds (None on failure)."""
         assert self.local is not None
         try:
-            self.local.put(plan)
+            return self.local.put_merged(plan)[1]
         except PlanStoreError as exc:
             log.warning("plancache: local tier %s not updated: %s", self.local.url, exc)
+            return None
 
     def close(self) -> None:
         self.remote.close()
