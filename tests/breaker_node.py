@@ -15,7 +15,7 @@ import time
 from plancache import PlanCache, fingerprint
 from plancache.breaker import Breaker
 from plancache.config import Settings
-from tests.plans import FACTORS, GiB
+from plancache.testing import FACTORS, GiB
 
 
 def main(mode: str) -> None:

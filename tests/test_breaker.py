@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.servers import CountingProxy
 from plancache import PlanCache, PlanStore, open_store
 from plancache.backends.local import LocalStore
 from plancache.breaker import CRASHED_SUFFIX, MARK_SUFFIX, Breaker, Process
 from plancache.inventory import prune
-from plancache.testing import child_env
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, child_env, make_plan
+from plancache.testing.servers import CountingProxy
 
 REPO = Path(__file__).resolve().parent.parent
 BAD = make_plan(kv=30 * GiB, baseline=70 * GiB)
@@ -224,7 +223,9 @@ def test_marks_are_bounded_in_number_and_age_and_pruned(
     for i, m in enumerate(marks):
         assert m is not None
         os.utime(m.path, (1000.0 + i, 1000.0 + i))
-    os.utime(marks[5].path)  # the newest, written now
+    newest = marks[5]
+    assert newest is not None
+    os.utime(newest.path)  # the newest, written now
     assert breaker.clean(dry_run=True) == 5  # 5 past the age bound (one is also past 4)
     assert len(list(breaker.directory.iterdir())) == 6
     assert breaker.clean(older_than=10**12) == 2  # the count bound alone

@@ -194,7 +194,7 @@ def test_tombstones_are_bounded_and_keep_the_latest_retractions(
     kept = tombstones(tombs)
     assert len(kept) <= MAX_TOMBSTONES
     assert [t.observation for t in kept] == sorted({t.observation for t in kept})
-    latest = {}
+    latest: dict[str, float] = {}
     for t in tombs:
         latest[t.observation] = max(latest.get(t.observation, 0.0), t.retracted_at)
     assert len(kept) == min(MAX_TOMBSTONES, len(latest))

@@ -116,7 +116,8 @@ def test_a_schema_1_record_reads_as_a_one_point_frontier() -> None:
     plan = Plan.decode(orjson.dumps(legacy))
     assert plan.schema == 1 and len(plan.observations) == 1
     assert (plan.kv_cache_memory_bytes, plan.free_memory_baseline) == (10 * GiB, 70 * GiB)
-    assert plan.newest.producer == {"host": "old"} and plan.labels == {}
+    assert plan.newest is not None and plan.newest.producer == {"host": "old"}
+    assert plan.labels == {}
     assert orjson.loads(plan.encode())["schema"] == 2  # written back as schema 2
     with pytest.raises(InvalidPlanError, match="lacks"):
         Plan.decode(orjson.dumps({k: v for k, v in legacy.items() if k != "created_at"}))

@@ -15,7 +15,7 @@ from plancache.backends.tiered import TieredStore
 from plancache.gate import Budget, gate
 from plancache.merge import frontier
 from plancache.plan import Observation, Plan
-from tests.plans import FACTORS, GiB, make_plan
+from plancache.testing import FACTORS, GiB, make_plan
 
 MiB = 1 << 20
 sizes = st.integers(1, 2**40)

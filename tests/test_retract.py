@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.servers import CountingProxy, FakeGCS, MotoS3
 from plancache import PlanStore, PutOutcome, open_store
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.inventory import copy, prune
 from plancache.plan import Plan
-from tests.plans import GiB, make_plan
+from plancache.testing import GiB, make_plan
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 
 GOOD = make_plan(kv=10 * GiB, baseline=60 * GiB)
 BAD = make_plan(kv=30 * GiB, baseline=70 * GiB)
