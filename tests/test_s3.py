@@ -18,13 +18,17 @@ from plancache.testing.servers import CountingProxy, MotoS3
 
 PREFIX = "plans"
 
+RACE_BOUNDS = {"read_timeout": 5.0, "timeout": 15.0}
+"""Looser per-call bounds for the contract, whose 16-process races load a 2-core machine; the
+default bounds are tested in test_faults.py."""
+
 
 class TestS3Contract(ObjectStoreContract):
     create_method = replace_method = "PUT"
 
     @pytest.fixture
     def store_spec(self, moto_s3: MotoS3, s3_bucket: str) -> StoreSpec:
-        return f"s3://{s3_bucket}/{PREFIX}", {"endpoint_url": moto_s3.endpoint}
+        return f"s3://{s3_bucket}/{PREFIX}", {"endpoint_url": moto_s3.endpoint, **RACE_BOUNDS}
 
     @pytest.fixture
     def request_proxy(self, s3_proxy: CountingProxy) -> CountingProxy:
