@@ -32,6 +32,18 @@ from plancache.store import PlanStore
 
 T = TypeVar("T")
 
+ERROR_BODY_LIMIT = 8 * 1024
+"""Bytes of an error response read at most (its code and message fit in far less)."""
+BODY_LIMIT = 1 << 20
+"""Bytes of any other buffered response (a listing page, a write's answer) read at most."""
+
+
+class ResponseTooLargeError(Exception):
+    """An endpoint sent a response body over the limit for its kind; the rest is not read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"response body over {limit} bytes")
+
 
 @dataclass(frozen=True)
 class CallTimeouts:
@@ -176,6 +188,8 @@ class ObjectStore(PlanStore):
         async def translated() -> T:
             try:
                 return await coro()
+            except ResponseTooLargeError as exc:
+                raise PlanStoreUnavailableError(f"{self.url}: {action}: {exc}", cause=exc) from exc
             except Exception as exc:  # the client's own errors (the bound cancels instead)
                 error = self.translate(exc, action)
                 if error is None:

@@ -27,7 +27,14 @@ import aiohttp
 from gcsfs.core import GCSFileSystem, quote
 from google.auth.exceptions import GoogleAuthError
 
-from plancache.backends._remote import ObjectStore, client_option_names, read_bounded
+from plancache.backends._remote import (
+    BODY_LIMIT,
+    ERROR_BODY_LIMIT,
+    ObjectStore,
+    ResponseTooLargeError,
+    client_option_names,
+    read_bounded,
+)
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
@@ -94,7 +101,10 @@ class GCSStore(ObjectStore):
         limit: int | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request (plus at most ``retries`` after transport or server errors): status,
-        headers and body (at most ``limit`` bytes of it when given)."""
+        headers and body. A successful body is cut at ``limit`` bytes when given (the caller
+        judges a cut one, e.g. a plan over the size limit), else one over ``BODY_LIMIT``
+        raises ``ResponseTooLargeError``; an error body is cut at ``ERROR_BODY_LIMIT``. The
+        rest of a body is never read."""
         session = await self.fs._set_session()
         self._opened = True
         for attempt in range(self.timeouts.retries + 1):
@@ -110,10 +120,14 @@ class GCSStore(ObjectStore):
                     data=data,
                     timeout=self._http_timeout,
                 ) as r:
-                    if limit is None:
-                        body = await r.read()
-                    else:
-                        body = await read_bounded(r.content.read, limit)
+                    ok = r.status < 300
+                    cap = ERROR_BODY_LIMIT if not ok else BODY_LIMIT if limit is None else limit
+                    body = await read_bounded(r.content.read, cap + 1)
+                    if len(body) > cap:
+                        r.close()  # drops the connection: the rest is never read
+                        if ok and limit is None:
+                            raise ResponseTooLargeError(cap)
+                        body = body[:cap]
                     if r.status not in RETRY_STATUS or last:
                         return r.status, r.headers, body
             except (TimeoutError, aiohttp.ClientConnectionError):
