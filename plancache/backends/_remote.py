@@ -27,7 +27,7 @@ from plancache.errors import (
     UnsupportedStoreError,
 )
 from plancache.fingerprint import fingerprint_of_name, object_name
-from plancache.redaction import redact
+from plancache.redaction import redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
 T = TypeVar("T")
@@ -134,6 +134,7 @@ class ObjectStore(PlanStore):
         self.scheme, self.bucket, self.prefix = split_url(url)
         self.timeouts, self.client_options = CallTimeouts.split(options)
         self._options = redact(options)
+        self._secrets = tuple(secret_values({"url": url, **options}))
         unknown = sorted(set(self.client_options) - self.accepted_options)
         if unknown:
             raise UnsupportedStoreError(
@@ -191,10 +192,11 @@ class ObjectStore(PlanStore):
             except ResponseTooLargeError as exc:
                 raise PlanStoreUnavailableError(f"{self.url}: {action}: {exc}", cause=exc) from exc
             except Exception as exc:  # the client's own errors (the bound cancels instead)
+                scrub_exception(exc, self._secrets)
                 error = self.translate(exc, action)
                 if error is None:
                     raise
-                raise error from exc
+                raise scrub_exception(error, self._secrets) from exc
 
         try:
             result: T = sync(self._loop, translated, timeout=self.timeouts.total)

@@ -35,6 +35,7 @@ from plancache.backends._remote import (
     client_option_names,
     read_bounded,
 )
+from plancache.redaction import scrub, scrub_exception
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
@@ -78,7 +79,15 @@ class GCSStore(ObjectStore):
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         super().__init__(url, storage_options)
-        self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
+        try:  # a raw token is checked here, over the network
+            self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
+        except (GoogleAuthError, ValueError, OSError) as exc:
+            kind = PlanStoreUnavailableError if isinstance(exc, OSError) else PlanStorePermissionError
+            message = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
+            raise scrub_exception(
+                kind(f"{self.url}: open: cannot use the credentials: {message:.300}", cause=exc),
+                self._secrets,
+            ) from exc
         self._http_timeout = aiohttp.ClientTimeout(
             sock_connect=self.timeouts.connect, sock_read=self.timeouts.read
         )
