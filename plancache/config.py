@@ -13,6 +13,7 @@ fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itse
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -112,8 +113,17 @@ class Settings:
         return cls(url, timeout, read_only, tier, options)
 
     def open_store(self) -> PlanStore:
-        """The configured store: the remote one behind a local tier when one is set."""
-        store = open_store(self.url, **self.storage_options)
+        """The configured store: the remote one behind a local tier when one is set. A remote
+        store opens on first use (a ``LazyStore``: each use waits at most its ``open_timeout``),
+        so that the local tier answers without waiting for the remote client."""
+        if is_remote(self.url):
+            from plancache.backends.lazy import LazyStore
+
+            store: PlanStore = LazyStore(
+                self.url, functools.partial(open_store, self.url, **self.storage_options)
+            )
+        else:
+            store = open_store(self.url, **self.storage_options)
         if self.local_tier is None and not self.read_only:
             return store
         from plancache.backends.tiered import TieredStore
