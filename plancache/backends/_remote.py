@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
@@ -122,6 +123,9 @@ class ObjectStore(PlanStore):
 
     #: Objects per listing request (the services' maximum is 1000).
     list_page_size: int = 1000
+    #: Bounds on one listing: pages (10 million objects at 1000 a page) and seconds in all.
+    max_list_pages: int = 10_000
+    list_timeout: float = 600.0
 
     #: The fsspec filesystem whose session, credentials and event loop the store uses.
     fs: Any
@@ -168,8 +172,13 @@ class ObjectStore(PlanStore):
         """One page of object keys under the prefix, and the next page's token (None: last)."""
 
     def _list(self) -> Iterator[str]:
+        """Every page, each under the call bound; a repeated page token, more than
+        ``max_list_pages`` pages or more than ``list_timeout`` seconds in all raise
+        ``PlanStoreUnavailableError`` (an endpoint that never ends its listing)."""
         token: str | None = None
-        while True:
+        seen: set[str] = set()
+        deadline = time.monotonic() + self.list_timeout
+        for _ in range(self.max_list_pages):
             keys, token = self._run("list", functools.partial(self._list_page, token))
             for key in keys:
                 fp = fingerprint_of_name(key[len(self._list_prefix) :])
@@ -177,6 +186,22 @@ class ObjectStore(PlanStore):
                     yield fp
             if token is None:
                 return
+            if token in seen:
+                raise PlanStoreUnavailableError(
+                    f"{self.url}: list: the endpoint repeated a page token (a listing loop)"
+                )
+            seen.add(token)
+            if time.monotonic() > deadline:
+                raise PlanStoreUnavailableError(
+                    f"{self.url}: list: not done within {self.list_timeout:g} s"
+                )
+        raise PlanStoreUnavailableError(
+            f"{self.url}: list: not done within {self.max_list_pages} pages"
+        )
+
+    def unexpected(self, action: str, what: str) -> PlanStoreError:
+        """The error for an answer of a shape the service never sends."""
+        return PlanStoreError(f"{self.url}: {action}: unexpected answer from the endpoint: {what}")
 
     @abstractmethod
     def translate(self, exc: Exception, action: str) -> PlanStoreError | None:

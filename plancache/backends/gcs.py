@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from types import NoneType
 from collections.abc import Mapping
 from typing import Any
 
@@ -225,8 +226,15 @@ class GCSStore(ObjectStore):
         status, _, body = await self._send("GET", self._objects, params=params)
         if status != 200:
             raise GCSStatusError(status, _reason(body))
-        out = json.loads(body)
-        return [i["name"] for i in out.get("items", [])], out.get("nextPageToken")
+        try:
+            out = json.loads(body)
+            names = [i["name"] for i in out.get("items", [])]
+            token = out.get("nextPageToken")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self.unexpected("list", type(exc).__name__) from exc
+        if not all(isinstance(n, str) for n in names) or not isinstance(token, (str, NoneType)):
+            raise self.unexpected("list", "names and page tokens must be strings")
+        return names, token or None
 
     def close(self) -> None:
         """Close the HTTP session (a later call opens a new one)."""

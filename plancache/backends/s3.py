@@ -205,9 +205,14 @@ class S3Store(ObjectStore):
             MaxKeys=self.list_page_size,
             **extra,
         )
-        keys = [o["Key"] for o in resp.get("Contents", [])]
+        try:
+            keys = [o["Key"] for o in resp.get("Contents", [])]
+        except (KeyError, TypeError) as exc:
+            raise self.unexpected("list", f"an object without a key ({exc!r:.40})") from exc
         more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
-        return keys, more
+        if not all(isinstance(k, str) for k in keys) or not isinstance(more, (str, type(None))):
+            raise self.unexpected("list", "keys and page tokens must be strings")
+        return keys, more or None
 
     def close(self) -> None:
         """Close the client's connection pool (a later call opens a new one)."""
