@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from plancache.backends import open_store
-from plancache.defaults import DEFAULT_BUDGET_S, default_dir
+from plancache.defaults import DEFAULT_BUDGET_S, MAX_SECONDS, default_dir
 from plancache.errors import ConfigError
 from plancache.redaction import redact, without_userinfo
 from plancache.store import PlanStore
@@ -43,13 +43,15 @@ def parse_bool(name: str, value: str) -> bool:
 
 
 def parse_timeout(name: str, value: str) -> float:
-    """A positive, finite number of seconds; else ``ConfigError``."""
+    """A number of seconds in (0, ``MAX_SECONDS``]; else ``ConfigError``."""
     try:
         t = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r}: expected seconds as a number") from None
-    if not (math.isfinite(t) and t > 0):
-        raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
+    if not (math.isfinite(t) and 0 < t <= MAX_SECONDS):
+        raise ConfigError(
+            f"{name}={value!r}: expected a positive number of seconds, at most {MAX_SECONDS:g}"
+        )
     return t
 
 

@@ -8,7 +8,9 @@ self-verifying: its ``fingerprint`` is the sha256 of the canonical encoding of i
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,9 @@ MAX_RECORD_BYTES = 64 * 1024
 _MAX_INT = 2**63 - 1
 _MIN_FACTOR_INT = -(2**63)
 _FACTOR_INT_LIMIT = 2**64  # orjson encodes ints in [-2**63, 2**64)
+MAX_CREATED_AT = 253402300800.0
+"""``created_at`` is a Unix time before this one (year 10000 UTC), and not negative."""
+_KEY_END = re.compile(rb'"\s*:')
 
 Scalar = str | int | float | bool | None
 
@@ -107,8 +112,10 @@ class Plan:
         created = self.created_at
         if isinstance(created, bool) or not isinstance(created, (int, float)):
             raise InvalidPlanError("created_at must be a number")
-        if not math.isfinite(created):
-            raise InvalidPlanError("created_at must be finite")
+        if not (math.isfinite(created) and 0 <= created < MAX_CREATED_AT):
+            raise InvalidPlanError(
+                f"created_at must be a Unix time from 0 to before year 10000, got {created!r:.40}"
+            )
         if not isinstance(self.producer, Mapping):
             raise InvalidPlanError("producer must be an object")
         object.__setattr__(self, "created_at", float(created))
@@ -175,6 +182,8 @@ class Plan:
             raise InvalidPlanError(f"record is not valid JSON: {exc}") from exc
         if not isinstance(obj, dict):
             raise InvalidPlanError("record must be a JSON object")
+        if len(_KEY_END.findall(data)) != _key_count(obj):  # maybe a key given twice
+            _reject_duplicate_keys(data)
         schema = obj.get("schema")
         if type(schema) is int and schema != SCHEMA:
             raise UnsupportedSchemaError(
@@ -186,6 +195,31 @@ class Plan:
         if expected_fingerprint is not None and obj["fingerprint"] != expected_fingerprint:
             raise InvalidPlanError("record's fingerprint does not match the key it is stored under")
         return cls(**{k: obj[k] for k in _FIELDS})
+
+
+def _key_count(value: dict[str, Any] | list[Any]) -> int:
+    """How many object keys ``value`` (a parsed JSON object or array) holds, at every depth."""
+    n, items = (len(value), value.values()) if type(value) is dict else (0, value)
+    for v in items:
+        if type(v) is dict or type(v) is list:
+            n += _key_count(v)
+    return n
+
+
+def _reject_duplicate_keys(data: bytes | bytearray | memoryview) -> None:
+    """``InvalidPlanError`` if an object in ``data`` (valid JSON) has a key twice. (Each key
+    ends with ``"`` and ``:``; where there are more such byte pairs than parsed keys, a string
+    holds one or a key repeats: this slower parse tells which.)"""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise InvalidPlanError(f"record has a duplicate key {twice!r:.40}")
+        return out
+
+    json.loads(bytes(data), object_pairs_hook=unique)
 
 
 _FIELDS = (

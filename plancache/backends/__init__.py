@@ -60,6 +60,8 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     """
     from plancache.backends.local import LocalStore
 
+    if url is not None and not url.strip():
+        raise UnsupportedStoreError("empty store URL: give a path or URL (None: the default)")
     if url is None or _scheme(url) == "file":
         if storage_options:
             raise UnsupportedStoreError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
+from plancache.defaults import MAX_SECONDS
 from plancache.errors import (
     ConfigError,
     PlanStoreError,
@@ -32,6 +34,9 @@ from plancache.redaction import redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
 T = TypeVar("T")
+
+MAX_RETRIES = 10
+"""Most retries a storage option may ask for."""
 
 ERROR_BODY_LIMIT = 8 * 1024
 """Bytes of an error response read at most (its code and message fit in far less)."""
@@ -68,7 +73,8 @@ class CallTimeouts:
     @classmethod
     def split(cls, options: Mapping[str, Any]) -> tuple[CallTimeouts, dict[str, Any]]:
         """(the bounds named in ``options``, the other options); ``options`` is not changed.
-        Raises ``ConfigError`` for a non-positive bound or negative retries."""
+        Raises ``ConfigError`` for a bound outside (0, ``MAX_SECONDS``] or retries outside
+        0..``MAX_RETRIES``."""
         d = cls()
         given = {field: options[name] for name, field in cls.OPTIONS.items() if name in options}
         try:
@@ -80,8 +86,12 @@ class CallTimeouts:
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"bad time bound in storage options: {exc}") from None
-        if not min(t.connect, t.read, t.total) > 0 or t.retries < 0:
-            raise ConfigError(f"timeouts must be positive and retries >= 0, got {t}")
+        seconds = (t.connect, t.read, t.total)
+        if not all(0 < s <= MAX_SECONDS for s in seconds) or not 0 <= t.retries <= MAX_RETRIES:
+            raise ConfigError(
+                f"timeouts must be in (0, {MAX_SECONDS:g}] seconds and retries in "
+                f"0..{MAX_RETRIES}, got {t}"
+            )
         rest = {k: v for k, v in options.items() if k not in cls.OPTIONS}
         return t, rest
 
@@ -139,6 +149,7 @@ class ObjectStore(PlanStore):
         self.timeouts, self.client_options = CallTimeouts.split(options)
         self._options = redact(options)
         self._secrets = tuple(secret_values({"url": url, **options}))
+        self._pid = os.getpid()
         unknown = sorted(set(self.client_options) - self.accepted_options)
         if unknown:
             raise UnsupportedStoreError(
@@ -223,6 +234,11 @@ class ObjectStore(PlanStore):
                     raise
                 raise scrub_exception(error, self._secrets) from exc
 
+        if self._pid != os.getpid():
+            raise PlanStoreUnavailableError(
+                f"{self.url}: {action}: the client was opened in another process (before a "
+                "fork) and cannot be used in this one: open the store again here"
+            )
         try:
             result: T = sync(self._loop, translated, timeout=self.timeouts.total)
         except FSTimeoutError as exc:
