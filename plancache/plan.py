@@ -212,12 +212,12 @@ def _reject_duplicate_keys(data: bytes | bytearray | memoryview) -> None:
     holds one or a key repeats: this slower parse tells which.)"""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            seen: set[str] = set()
-            twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-            raise InvalidPlanError(f"record has a duplicate key {twice!r:.40}")
-        return out
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidPlanError(f"record has a duplicate key {key!r:.40}")
+            seen.add(key)
+        return dict(pairs)
 
     json.loads(bytes(data), object_pairs_hook=unique)
 

@@ -3,6 +3,7 @@ processes holding real ``flock`` locks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -75,10 +76,8 @@ def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalS
     yield store
     path = store.root / object_name(PLAN.fingerprint)
     if path.is_fifo():  # wake a reader blocked in open() (the code before the fix)
-        try:
+        with contextlib.suppress(OSError):
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass
 
 
 def _within(seconds: float, fn: Callable[[], object]) -> object:

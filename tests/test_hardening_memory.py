@@ -67,7 +67,16 @@ def test_peak_memory_growth_is_bounded_on_endless_bodies(
     with ScriptedServer(fixed(status, small)) as warm, ScriptedServer(fixed(status, None)) as bad:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, backend, action, str(status), warm.endpoint, bad.endpoint],
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                backend,
+                action,
+                str(status),
+                warm.endpoint,
+                bad.endpoint,
+            ],
             capture_output=True,
             text=True,
             timeout=60,

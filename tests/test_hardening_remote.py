@@ -171,6 +171,8 @@ S3_ODD = [_s3_page(None, "<Contents><Size>1</Size></Contents>")]
     ("backend", "body"), [("gcs", b) for b in GCS_ODD] + [("s3", b) for b in S3_ODD]
 )
 def test_unexpected_listing_answers_are_store_errors(backend: str, body: bytes) -> None:
-    with ScriptedServer(_listing(backend, lambda n: body)) as server:
-        with pytest.raises(PlanStoreError, match="unexpected answer"):
-            _list_within(10, _store(backend, server.endpoint))
+    with (
+        ScriptedServer(_listing(backend, lambda n: body)) as server,
+        pytest.raises(PlanStoreError, match="unexpected answer"),
+    ):
+        _list_within(10, _store(backend, server.endpoint))

@@ -57,7 +57,7 @@ def test_gcs_token_is_in_no_detail_log_line_or_traceback(
     assert "plancache: lookup store-error" in caplog.text
     assert TOKEN not in caplog.text
     with pytest.raises(PlanStoreError) as info:
-        settings.open_store()
+        settings.open_store().get(make_plan().fingerprint)  # the remote opens on first use
     assert "credentials" in str(info.value)
     assert TOKEN not in _chain_text(info.value)
     assert TOKEN not in repr(settings)

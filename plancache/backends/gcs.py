@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from types import NoneType
 from collections.abc import Mapping
+from types import NoneType
 from typing import Any
 
 import aiohttp
@@ -36,13 +36,13 @@ from plancache.backends._remote import (
     client_option_names,
     read_bounded,
 )
-from plancache.redaction import scrub, scrub_exception
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
+from plancache.redaction import scrub, scrub_exception
 from plancache.store import CONTENT_TYPE, READ_LIMIT
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -83,7 +83,9 @@ class GCSStore(ObjectStore):
         try:  # a raw token is checked here, over the network
             self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
         except (GoogleAuthError, ValueError, OSError) as exc:
-            kind = PlanStoreUnavailableError if isinstance(exc, OSError) else PlanStorePermissionError
+            kind = (
+                PlanStoreUnavailableError if isinstance(exc, OSError) else PlanStorePermissionError
+            )
             message = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
             raise scrub_exception(
                 kind(f"{self.url}: open: cannot use the credentials: {message:.300}", cause=exc),

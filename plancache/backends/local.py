@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -74,6 +75,15 @@ def _odd(path: str) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     return None if stat.S_ISREG(st.st_mode) else st
+
+
+def _is_at(path: str, held: os.stat_result) -> bool:
+    """True while the file ``held`` (an ``fstat``) is the one at ``path``."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _remove(path: str) -> None:
@@ -211,10 +221,8 @@ class LocalStore(PlanStore):
             if now is None or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
                 return False
             log.warning("plancache: replacing %s, which is %s", path, _kind(now.st_mode))
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 _remove(path)
-            except FileNotFoundError:
-                pass
         return True
 
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
@@ -278,15 +286,7 @@ class LocalStore(PlanStore):
             fd = self._open_lock(lock)
             try:
                 if self._flock(fd, deadline):
-                    held = os.fstat(fd)
-
-                    def still_locked() -> bool:
-                        try:
-                            now = os.stat(lock, follow_symlinks=False)
-                        except FileNotFoundError:
-                            return False
-                        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
-
+                    still_locked = functools.partial(_is_at, lock, os.fstat(fd))
                     if still_locked():
                         yield still_locked
                         return

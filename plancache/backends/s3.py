@@ -77,7 +77,7 @@ def _missing_key(exc: ClientError) -> bool:
     return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
 
 
-class CappedSession(AIOHTTPSession):
+class CappedSession(AIOHTTPSession):  # type: ignore[misc]
     """aiobotocore's HTTP session, reading at most ``ERROR_BODY_LIMIT`` bytes of an error
     response and ``BODY_LIMIT`` of another buffered one (botocore would read either whole,
     however long). A longer error body is cut (botocore then reports the HTTP status); a
