@@ -23,6 +23,7 @@ from plancache.fingerprint import fingerprint
 from plancache.gate import Budget, gate
 from plancache.plan import Observation, Plan, Scalar
 from plancache.reasons import Reason, RecordReason
+from plancache.redaction import scrub
 from plancache.store import PlanStore, PutOutcome
 
 log = logging.getLogger("plancache")
@@ -94,16 +95,19 @@ def _bounded(fn: Callable[[], T], timeout: float) -> T:
 
 
 def _describe(exc: BaseException) -> tuple[Reason, str]:
-    """(reason, detail) for a failure of store I/O."""
+    """(reason, detail) for a failure of store I/O; the detail holds no URL user information
+    or secret-looking URL parameter, whatever raised."""
     if isinstance(exc, _Timeout):
         return Reason.TIMEOUT, "store did not answer within the time budget"
     if isinstance(exc, UnsupportedSchemaError):
-        return Reason.MISS, str(exc)
-    if isinstance(exc, InvalidPlanError):
-        return Reason.INVALID, str(exc)
-    if isinstance(exc, PlanStoreError):
-        return Reason.STORE_ERROR, str(exc)
-    return Reason.ERROR, f"{type(exc).__name__}: {exc}"
+        reason, detail = Reason.MISS, str(exc)
+    elif isinstance(exc, InvalidPlanError):
+        reason, detail = Reason.INVALID, str(exc)
+    elif isinstance(exc, PlanStoreError):
+        reason, detail = Reason.STORE_ERROR, str(exc)
+    else:
+        reason, detail = Reason.ERROR, f"{type(exc).__name__}: {exc}"
+    return reason, scrub(detail)
 
 
 class PlanCache:

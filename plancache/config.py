@@ -13,6 +13,7 @@ fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itse
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 
 from plancache.backends import open_store
-from plancache.defaults import DEFAULT_BUDGET_S, default_dir
+from plancache.defaults import DEFAULT_BUDGET_S, MAX_SECONDS, default_dir
 from plancache.errors import ConfigError
 from plancache.redaction import redact, without_userinfo
 from plancache.store import PlanStore
@@ -42,13 +43,15 @@ def parse_bool(name: str, value: str) -> bool:
 
 
 def parse_timeout(name: str, value: str) -> float:
-    """A positive, finite number of seconds; else ``ConfigError``."""
+    """A number of seconds in (0, ``MAX_SECONDS``]; else ``ConfigError``."""
     try:
         t = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r}: expected seconds as a number") from None
-    if not (math.isfinite(t) and t > 0):
-        raise ConfigError(f"{name}={value!r}: expected a positive number of seconds")
+    if not (math.isfinite(t) and 0 < t <= MAX_SECONDS):
+        raise ConfigError(
+            f"{name}={value!r}: expected a positive number of seconds, at most {MAX_SECONDS:g}"
+        )
     return t
 
 
@@ -122,8 +125,17 @@ class Settings:
         return str(default_dir())
 
     def open_store(self) -> PlanStore:
-        """The configured store: the remote one behind a local tier when one is set."""
-        store = open_store(self.url, **self.storage_options)
+        """The configured store: the remote one behind a local tier when one is set. A remote
+        store opens on first use (a ``LazyStore``: each use waits at most its ``open_timeout``),
+        so that the local tier answers without waiting for the remote client."""
+        if is_remote(self.url):
+            from plancache.backends.lazy import LazyStore
+
+            store: PlanStore = LazyStore(
+                self.url, functools.partial(open_store, self.url, **self.storage_options)
+            )
+        else:
+            store = open_store(self.url, **self.storage_options)
         if self.local_tier is None and not self.read_only:
             return store
         from plancache.backends.tiered import TieredStore

@@ -8,6 +8,9 @@ from pathlib import Path
 
 DEFAULT_BUDGET_S = 2.0
 """Seconds one ``PlanCache.lookup`` or ``record`` may take in all (``PLANCACHE_TIMEOUT``)."""
+MAX_SECONDS = 600.0
+"""Largest time bound a setting or storage option may give (a larger one is a mistake that
+would make every call fail or hang)."""
 
 
 def default_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ MAX_CREATED_AT = 253402300799.0
 _MAX_INT = 2**63 - 1
 _MIN_FACTOR_INT = -(2**63)
 _FACTOR_INT_LIMIT = 2**64  # orjson encodes ints in [-2**63, 2**64)
+_KEY_END = re.compile(rb'"\s*:')
 
 Scalar = str | int | float | bool | None
 
@@ -425,24 +427,33 @@ _FIELDS = ("schema", "fingerprint", "factors", "observations")
 _LEGACY_FIELDS = ("schema", "fingerprint", "factors", *_OBSERVATION_FIELDS)
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise InvalidPlanError("record repeats a key in one object")
-    return obj
+def _key_count(value: dict[str, Any] | list[Any]) -> int:
+    """How many object keys ``value`` (a parsed JSON object or array) holds, at every depth."""
+    n, items = (len(value), value.values()) if type(value) is dict else (0, value)
+    for v in items:
+        if type(v) is dict or type(v) is list:
+            n += _key_count(v)
+    return n
 
 
-def _no_constant(name: str) -> None:
-    raise InvalidPlanError(f"record holds {name}, which is not JSON")
+def _reject_duplicate_keys(data: bytes) -> None:
+    """``InvalidPlanError`` if an object in ``data`` (valid JSON) has a key twice."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise InvalidPlanError("record has a duplicate key in one object")
+        return dict(pairs)
+
+    json.loads(data, object_pairs_hook=unique)
 
 
 def _loads(data: bytes) -> object:
-    """Strict JSON: no duplicate keys, no NaN or Infinity, UTF-8 only."""
+    """Strict JSON (UTF-8, no NaN or Infinity) with no key given twice in one object."""
     try:
-        return json.loads(
-            data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        if isinstance(exc, InvalidPlanError):
-            raise
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
         raise InvalidPlanError(f"record is not valid JSON: {exc}") from None
+    if isinstance(obj, (dict, list)) and len(_KEY_END.findall(data)) != _key_count(obj):
+        _reject_duplicate_keys(data)  # more `":` than keys: a string holds one, or a key repeats
+    return obj

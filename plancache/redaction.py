@@ -1,43 +1,118 @@
-"""Keeping secrets out of every message, ``repr`` and log line plancache writes (pure)."""
+"""Keeping secrets out of every message, ``repr`` and log line plancache writes (pure).
+
+Two layers: where the storage options are known, their secret values are masked wherever
+they appear (:func:`secret_values`, :func:`scrub`); everywhere, URL user information and the
+values of secret-looking URL query parameters are masked too (``access_token=...``,
+``X-Amz-Signature=...``, ``sig=...``), whatever produced the text.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-SECRET_WORDS = ("secret", "token", "password", "key", "credential", "session", "auth")
+SECRET_WORDS = (
+    "secret",
+    "token",
+    "password",
+    "passwd",
+    "passphrase",
+    "key",
+    "credential",
+    "session",
+    "auth",
+    "connection_string",
+    "sas",
+    "signature",
+    "cookie",
+)
 MASK = "***"
+#: shorter values are no secret worth masking (and masking them would garble messages)
+MIN_SECRET_LENGTH = 4
+
+_USERINFO = re.compile(r"(?<=://)[^/\s@'\"]+@")
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;](?:[\w.-]*(?:token|secret|key|sig|signature|password|credential|auth)[\w.-]*)=)"
+    r"[^&;\s'\")]+"
+)
+
+
+def is_secret_name(name: object) -> bool:
+    """True for an option name that looks like it holds a secret."""
+    lowered = str(name).lower()
+    return any(w in lowered for w in SECRET_WORDS) and not lowered.endswith("_kwargs")
 
 
 def redact(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of storage options safe to log: values of secret-looking keys are masked."""
+    """A copy of storage options safe to log: values of secret-looking names are masked and
+    every string value loses its URL user information (``user:password@``)."""
     out: dict[str, Any] = {}
     for k, v in options.items():
-        if any(w in str(k).lower() for w in SECRET_WORDS) and "endpoint" not in str(k).lower():
+        if is_secret_name(k):
             out[k] = MASK
         elif isinstance(v, Mapping):
             out[k] = redact(v)
+        elif isinstance(v, str):
+            out[k] = scrub(v)
         else:
             out[k] = v
     return out
 
 
 def secret_values(options: Mapping[str, Any]) -> Iterator[str]:
-    """The values of secret-looking storage options (4 characters or more), to scrub them
-    out of messages."""
-    masked = redact(options)
+    """The secrets in storage options, to scrub them out of messages: the values of
+    secret-looking names and the user information of URL values (4 characters or more)."""
     for key, value in options.items():
         if isinstance(value, Mapping):
             yield from secret_values(value)
-        elif masked.get(key) == MASK and len(str(value)) >= 4:  # shorter ones: no secret
-            yield str(value)
+        elif is_secret_name(key) and value is not None and not isinstance(value, bool):
+            text = str(value)
+            if len(text) >= MIN_SECRET_LENGTH:
+                yield text
+        elif isinstance(value, str):
+            yield from url_secrets(value)
 
 
-def scrub(message: str, secrets: Iterator[str] | list[str]) -> str:
-    """``message`` with each of ``secrets`` masked."""
-    for secret in secrets:
+def url_secrets(url: str) -> Iterator[str]:
+    """The user information of ``url`` (``user:password``, and the password alone)."""
+    for match in _USERINFO.finditer(url):
+        userinfo = match.group()[:-1]
+        password = userinfo.partition(":")[2]
+        for secret in (userinfo, password):
+            if len(secret) >= MIN_SECRET_LENGTH:
+                yield secret
+
+
+def scrub(message: str, secrets: Iterable[str] = ()) -> str:
+    """``message`` with each of ``secrets``, URL user information and the values of
+    secret-looking query parameters masked."""
+    for secret in sorted(set(secrets), key=len, reverse=True):  # longest first
         message = message.replace(secret, MASK)
-    return message
+    message = _USERINFO.sub("", message)
+    return _SECRET_PARAM.sub(rf"\1{MASK}", message)
+
+
+def scrub_exception(exc: BaseException, secrets: Iterable[str] = ()) -> BaseException:
+    """``exc`` with the messages of it and of every exception it was raised from or during
+    scrubbed in place (so that its traceback text holds no secret); returns ``exc``."""
+    secrets = list(secrets)
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            text = str(e)
+        except Exception:  # a broken __str__ is no reason to fail
+            text = ""
+        clean = scrub(text, secrets)
+        if clean != text:
+            e.args = (clean,)
+        todo += [e.__cause__, e.__context__]
+    return exc
 
 
 def without_userinfo(url: str) -> str:

@@ -96,10 +96,10 @@ def test_a_record_that_is_not_a_frontier_is_invalid() -> None:
 
 def test_duplicate_keys_are_invalid() -> None:
     raw = make_plan().encode()
-    with pytest.raises(InvalidPlanError, match="repeats"):
+    with pytest.raises(InvalidPlanError, match="duplicate"):
         Plan.decode(raw[:-1] + b',"schema":2}')
     inner = raw.replace(b'"created_at":', b'"created_at":1.0,"created_at":', 1)
-    with pytest.raises(InvalidPlanError, match="repeats"):
+    with pytest.raises(InvalidPlanError, match="duplicate"):
         Plan.decode(inner)
 
 

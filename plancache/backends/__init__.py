@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plancache.errors import MissingExtraError, UnknownSchemeError, UnsupportedStoreError
+from plancache.redaction import scrub_exception, secret_values
 from plancache.store import PlanStore
 
 #: scheme -> ("module:Class", extra that installs its client library or None)
@@ -59,6 +60,8 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     """
     from plancache.backends.local import LocalStore
 
+    if url is not None and not url.strip():
+        raise UnsupportedStoreError("empty store URL: give a path or URL (None: the default)")
     if url is None or _scheme(url) == "file":
         if storage_options:
             raise UnsupportedStoreError(
@@ -68,12 +71,18 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     scheme = _scheme(url)
     if scheme in BACKENDS:
         target, extra = BACKENDS[scheme]
-        return _load(target, extra, scheme)(url, **storage_options)
-    from fsspec.registry import known_implementations, registry
+    else:
+        from fsspec.registry import known_implementations, registry
 
-    if scheme not in known_implementations and scheme not in registry:
-        raise UnknownSchemeError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
-    return _load(GENERIC, None, scheme)(url, **storage_options)
+        if scheme not in known_implementations and scheme not in registry:
+            raise UnknownSchemeError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
+        target, extra = GENERIC, None
+    cls = _load(target, extra, scheme)
+    try:
+        return cls(url, **storage_options)
+    except Exception as exc:  # whatever the client raised, it carries no secret out
+        scrub_exception(exc, secret_values({"url": url, **storage_options}))
+        raise
 
 
 def _local_path(url: str) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
+import time
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from urllib.parse import urlsplit
 from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
+from plancache.defaults import MAX_SECONDS
 from plancache.errors import (
     ConfigError,
     PlanStoreError,
@@ -27,10 +30,25 @@ from plancache.errors import (
     UnsupportedStoreError,
 )
 from plancache.fingerprint import fingerprint_of_name, object_name
-from plancache.redaction import redact
+from plancache.redaction import redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
 T = TypeVar("T")
+
+MAX_RETRIES = 10
+"""Most retries a storage option may ask for."""
+
+ERROR_BODY_LIMIT = 8 * 1024
+"""Bytes of an error response read at most (its code and message fit in far less)."""
+BODY_LIMIT = 1 << 20
+"""Bytes of any other buffered response (a listing page, a write's answer) read at most."""
+
+
+class ResponseTooLargeError(Exception):
+    """An endpoint sent a response body over the limit for its kind; the rest is not read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"response body over {limit} bytes")
 
 
 @dataclass(frozen=True)
@@ -55,7 +73,8 @@ class CallTimeouts:
     @classmethod
     def split(cls, options: Mapping[str, Any]) -> tuple[CallTimeouts, dict[str, Any]]:
         """(the bounds named in ``options``, the other options); ``options`` is not changed.
-        Raises ``ConfigError`` for a non-positive bound or negative retries."""
+        Raises ``ConfigError`` for a bound outside (0, ``MAX_SECONDS``] or retries outside
+        0..``MAX_RETRIES``."""
         d = cls()
         given = {field: options[name] for name, field in cls.OPTIONS.items() if name in options}
         try:
@@ -67,8 +86,12 @@ class CallTimeouts:
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"bad time bound in storage options: {exc}") from None
-        if not min(t.connect, t.read, t.total) > 0 or t.retries < 0:
-            raise ConfigError(f"timeouts must be positive and retries >= 0, got {t}")
+        seconds = (t.connect, t.read, t.total)
+        if not all(0 < s <= MAX_SECONDS for s in seconds) or not 0 <= t.retries <= MAX_RETRIES:
+            raise ConfigError(
+                f"timeouts must be in (0, {MAX_SECONDS:g}] seconds and retries in "
+                f"0..{MAX_RETRIES}, got {t}"
+            )
         rest = {k: v for k, v in options.items() if k not in cls.OPTIONS}
         return t, rest
 
@@ -110,6 +133,9 @@ class ObjectStore(PlanStore):
 
     #: Objects per listing request (the services' maximum is 1000).
     list_page_size: int = 1000
+    #: Bounds on one listing: pages (10 million objects at 1000 a page) and seconds in all.
+    max_list_pages: int = 10_000
+    list_timeout: float = 600.0
 
     #: The fsspec filesystem whose session, credentials and event loop the store uses.
     fs: Any
@@ -122,6 +148,8 @@ class ObjectStore(PlanStore):
         self.scheme, self.bucket, self.prefix = split_url(url)
         self.timeouts, self.client_options = CallTimeouts.split(options)
         self._options = redact(options)
+        self._secrets = tuple(secret_values({"url": url, **options}))
+        self._pid = os.getpid()
         unknown = sorted(set(self.client_options) - self.accepted_options)
         if unknown:
             raise UnsupportedStoreError(
@@ -155,8 +183,13 @@ class ObjectStore(PlanStore):
         """One page of object keys under the prefix, and the next page's token (None: last)."""
 
     def _list(self) -> Iterator[str]:
+        """Every page, each under the call bound; a repeated page token, more than
+        ``max_list_pages`` pages or more than ``list_timeout`` seconds in all raise
+        ``PlanStoreUnavailableError`` (an endpoint that never ends its listing)."""
         token: str | None = None
-        while True:
+        seen: set[str] = set()
+        deadline = time.monotonic() + self.list_timeout
+        for _ in range(self.max_list_pages):
             keys, token = self._run("list", functools.partial(self._list_page, token))
             for key in keys:
                 fp = fingerprint_of_name(key[len(self._list_prefix) :])
@@ -164,6 +197,22 @@ class ObjectStore(PlanStore):
                     yield fp
             if token is None:
                 return
+            if token in seen:
+                raise PlanStoreUnavailableError(
+                    f"{self.url}: list: the endpoint repeated a page token (a listing loop)"
+                )
+            seen.add(token)
+            if time.monotonic() > deadline:
+                raise PlanStoreUnavailableError(
+                    f"{self.url}: list: not done within {self.list_timeout:g} s"
+                )
+        raise PlanStoreUnavailableError(
+            f"{self.url}: list: not done within {self.max_list_pages} pages"
+        )
+
+    def unexpected(self, action: str, what: str) -> PlanStoreError:
+        """The error for an answer of a shape the service never sends."""
+        return PlanStoreError(f"{self.url}: {action}: unexpected answer from the endpoint: {what}")
 
     @abstractmethod
     def translate(self, exc: Exception, action: str) -> PlanStoreError | None:
@@ -176,12 +225,20 @@ class ObjectStore(PlanStore):
         async def translated() -> T:
             try:
                 return await coro()
+            except ResponseTooLargeError as exc:
+                raise PlanStoreUnavailableError(f"{self.url}: {action}: {exc}", cause=exc) from exc
             except Exception as exc:  # the client's own errors (the bound cancels instead)
+                scrub_exception(exc, self._secrets)
                 error = self.translate(exc, action)
                 if error is None:
                     raise
-                raise error from exc
+                raise scrub_exception(error, self._secrets) from exc
 
+        if self._pid != os.getpid():
+            raise PlanStoreUnavailableError(
+                f"{self.url}: {action}: the client was opened in another process (before a "
+                "fork) and cannot be used in this one: open the store again here"
+            )
         try:
             result: T = sync(self._loop, translated, timeout=self.timeouts.total)
         except FSTimeoutError as exc:

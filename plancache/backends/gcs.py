@@ -21,19 +21,28 @@ import asyncio
 import json
 import secrets
 from collections.abc import Mapping
+from types import NoneType
 from typing import Any
 
 import aiohttp
 from gcsfs.core import GCSFileSystem, quote
 from google.auth.exceptions import GoogleAuthError
 
-from plancache.backends._remote import ObjectStore, client_option_names, read_bounded
+from plancache.backends._remote import (
+    BODY_LIMIT,
+    ERROR_BODY_LIMIT,
+    ObjectStore,
+    ResponseTooLargeError,
+    client_option_names,
+    read_bounded,
+)
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
+from plancache.redaction import scrub, scrub_exception
 from plancache.store import CONTENT_TYPE, READ_LIMIT
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -71,7 +80,17 @@ class GCSStore(ObjectStore):
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         super().__init__(url, storage_options)
-        self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
+        try:  # a raw token is checked here, over the network
+            self.fs = GCSFileSystem(skip_instance_cache=True, **self.client_options)
+        except (GoogleAuthError, ValueError, OSError) as exc:
+            kind = (
+                PlanStoreUnavailableError if isinstance(exc, OSError) else PlanStorePermissionError
+            )
+            message = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
+            raise scrub_exception(
+                kind(f"{self.url}: open: cannot use the credentials: {message:.300}", cause=exc),
+                self._secrets,
+            ) from exc
         self._http_timeout = aiohttp.ClientTimeout(
             sock_connect=self.timeouts.connect, sock_read=self.timeouts.read
         )
@@ -94,7 +113,10 @@ class GCSStore(ObjectStore):
         limit: int | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request (plus at most ``retries`` after transport or server errors): status,
-        headers and body (at most ``limit`` bytes of it when given)."""
+        headers and body. A successful body is cut at ``limit`` bytes when given (the caller
+        judges a cut one, e.g. a plan over the size limit), else one over ``BODY_LIMIT``
+        raises ``ResponseTooLargeError``; an error body is cut at ``ERROR_BODY_LIMIT``. The
+        rest of a body is never read."""
         session = await self.fs._set_session()
         self._opened = True
         for attempt in range(self.timeouts.retries + 1):
@@ -110,10 +132,14 @@ class GCSStore(ObjectStore):
                     data=data,
                     timeout=self._http_timeout,
                 ) as r:
-                    if limit is None:
-                        body = await r.read()
-                    else:
-                        body = await read_bounded(r.content.read, limit)
+                    ok = r.status < 300
+                    cap = ERROR_BODY_LIMIT if not ok else BODY_LIMIT if limit is None else limit
+                    body = await read_bounded(r.content.read, cap + 1)
+                    if len(body) > cap:
+                        r.close()  # drops the connection: the rest is never read
+                        if ok and limit is None:
+                            raise ResponseTooLargeError(cap)
+                        body = body[:cap]
                     if r.status not in RETRY_STATUS or last:
                         return r.status, r.headers, body
             except (TimeoutError, aiohttp.ClientConnectionError):
@@ -202,8 +228,15 @@ class GCSStore(ObjectStore):
         status, _, body = await self._send("GET", self._objects, params=params)
         if status != 200:
             raise GCSStatusError(status, _reason(body))
-        out = json.loads(body)
-        return [i["name"] for i in out.get("items", [])], out.get("nextPageToken")
+        try:
+            out = json.loads(body)
+            names = [i["name"] for i in out.get("items", [])]
+            token = out.get("nextPageToken")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self.unexpected("list", type(exc).__name__) from exc
+        if not all(isinstance(n, str) for n in names) or not isinstance(token, (str, NoneType)):
+            raise self.unexpected("list", "names and page tokens must be strings")
+        return names, token or None
 
     def close(self) -> None:
         """Close the HTTP session (a later call opens a new one)."""

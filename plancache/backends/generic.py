@@ -30,7 +30,7 @@ from plancache.errors import (
     PlanStoreUnavailableError,
 )
 from plancache.fingerprint import fingerprint_of_name, object_name
-from plancache.redaction import redact
+from plancache.redaction import redact, scrub_exception, secret_values
 from plancache.store import READ_LIMIT, PlanStore, content_version
 
 log = logging.getLogger("plancache")
@@ -42,6 +42,7 @@ class FsspecStore(PlanStore):
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         self._options = redact(storage_options)
+        self._secrets = tuple(secret_values({"url": url, **storage_options}))
         self.fs: fsspec.AbstractFileSystem
         self.fs, path = url_to_fs(url, skip_instance_cache=True, **storage_options)
         self.root = path.rstrip("/")
@@ -68,6 +69,7 @@ class FsspecStore(PlanStore):
 
     def _error(self, exc: Exception, action: str) -> PlanStoreError:
         where = f"{self.url}: {action}"
+        scrub_exception(exc, self._secrets)
         if isinstance(exc, PermissionError):
             return PlanStorePermissionError(f"{where}: access denied", cause=exc)
         if isinstance(exc, (FileNotFoundError, NotADirectoryError)):

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import s3fs
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession
 from botocore.exceptions import (
     BotoCoreError,
@@ -31,7 +32,14 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from plancache.backends._remote import ObjectStore, client_option_names, read_bounded
+from plancache.backends._remote import (
+    BODY_LIMIT,
+    ERROR_BODY_LIMIT,
+    ObjectStore,
+    ResponseTooLargeError,
+    client_option_names,
+    read_bounded,
+)
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
@@ -69,6 +77,41 @@ def _missing_key(exc: ClientError) -> bool:
     return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
 
 
+class CappedSession(AIOHTTPSession):  # type: ignore[misc]
+    """aiobotocore's HTTP session, reading at most ``ERROR_BODY_LIMIT`` bytes of an error
+    response and ``BODY_LIMIT`` of another buffered one (botocore would read either whole,
+    however long). A longer error body is cut (botocore then reports the HTTP status); a
+    longer other body raises ``ResponseTooLargeError``. Streamed bodies (a ``GetObject``
+    that succeeds) are left to the caller, who reads at most ``READ_LIMIT``."""
+
+    async def send(self, request: Any) -> Any:
+        streamed = request.stream_output
+        request.stream_output = True  # keep the body unread: it is read below, capped
+        try:
+            response = await super().send(request)
+        finally:
+            request.stream_output = streamed
+        error = response.status_code >= 300
+        if streamed and not error:
+            return response
+        limit = ERROR_BODY_LIMIT if error else BODY_LIMIT
+        raw = response.raw
+        try:
+            body = await read_bounded(raw.content.read, limit + 1)
+        except BaseException:
+            raw.close()
+            raise
+        if len(body) > limit:
+            raw.close()  # drops the connection: the rest is never read
+            if not error:
+                raise ResponseTooLargeError(limit)
+            body = body[:limit]
+        else:
+            raw.release()
+        response._content = body
+        return response
+
+
 class S3Store(ObjectStore):
     """``s3://bucket/prefix``: atomic create and compare-and-swap by conditional ``PutObject``."""
 
@@ -83,6 +126,7 @@ class S3Store(ObjectStore):
         config.setdefault(
             "retries", {"total_max_attempts": self.timeouts.retries + 1, "mode": "standard"}
         )
+        config["http_session_cls"] = CappedSession
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self._opened = False
 
@@ -105,6 +149,8 @@ class S3Store(ObjectStore):
                 data = await read_bounded(body.read, READ_LIMIT)
             finally:
                 body.close()
+            if "ETag" not in resp:
+                raise PlanStoreError(f"{self.url}: read: the response carries no ETag")
             return data, resp["ETag"]
 
         return self._run("read", get)
@@ -159,9 +205,14 @@ class S3Store(ObjectStore):
             MaxKeys=self.list_page_size,
             **extra,
         )
-        keys = [o["Key"] for o in resp.get("Contents", [])]
+        try:
+            keys = [o["Key"] for o in resp.get("Contents", [])]
+        except (KeyError, TypeError) as exc:
+            raise self.unexpected("list", f"an object without a key ({exc!r:.40})") from exc
         more = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
-        return keys, more
+        if not all(isinstance(k, str) for k in keys) or not isinstance(more, (str, type(None))):
+            raise self.unexpected("list", "keys and page tokens must be strings")
+        return keys, more or None
 
     def close(self) -> None:
         """Close the client's connection pool (a later call opens a new one)."""

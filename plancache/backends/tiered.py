@@ -27,7 +27,10 @@ class TieredStore(PlanStore):
         self.remote = remote
         self.local = local
         self.read_only = read_only
-        self.atomic = remote.atomic and (local is None or local.atomic)
+
+    @property
+    def atomic(self) -> bool:  # type: ignore[override]
+        return self.remote.atomic and (self.local is None or self.local.atomic)
 
     @property
     def url(self) -> str:

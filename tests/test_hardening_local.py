@@ -1,0 +1,230 @@
+"""Odd local entries and the lock file: real FIFOs, sockets, symlinks, directories and
+processes holding real ``flock`` locks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache.backends.local import LOCK_NAME, LocalStore
+from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavailableError
+from plancache.fingerprint import object_name
+from plancache.store import PutOutcome
+from plancache.testing import GiB, make_plan
+
+PLAN = make_plan()
+VALID = make_plan(factors={"model": "valid/one", "rank": 0})
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _socket(path: Path) -> None:
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # a relative name: the full path may be over AF_UNIX's 108 bytes
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path.name)
+    finally:
+        os.chdir(cwd)
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+    (path / "inside").write_text("x")
+
+
+def _dangling(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere")
+
+
+def _loop(path: Path) -> None:
+    path.symlink_to(path)
+
+
+def _link_to_a_plan(path: Path) -> None:
+    outside = path.parent.parent / "outside.json"
+    outside.write_bytes(PLAN.encode())
+    path.symlink_to(outside)
+
+
+ODD: dict[str, Callable[[Path], None]] = {
+    "fifo": _fifo,
+    "socket": _socket,
+    "directory": _directory,
+    "dangling-symlink": _dangling,
+    "symlink-loop": _loop,
+    "symlink": _link_to_a_plan,
+}
+
+
+@pytest.fixture(params=sorted(ODD))
+def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStore]:
+    store = LocalStore(tmp_path / "store")
+    store.put(VALID)
+    ODD[request.param](store.root / object_name(PLAN.fingerprint))
+    yield store
+    path = store.root / object_name(PLAN.fingerprint)
+    if path.is_fifo():  # wake a reader blocked in open() (the code before the fix)
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _within(seconds: float, fn: Callable[[], object]) -> object:
+    """``fn()``'s result or exception, failing the test if it takes over ``seconds``."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
+    odd_store: LocalStore,
+) -> None:
+    store = odd_store
+    with pytest.raises(InvalidPlanError, match="not a plan file"):
+        _within(2, lambda: store.get(PLAN.fingerprint))
+    with pytest.raises(InvalidPlanError):
+        _within(2, lambda: store.read_raw(PLAN.fingerprint))
+    assert sorted(store.iter_fingerprints()) == sorted([VALID.fingerprint, PLAN.fingerprint])
+    assert store.get(VALID.fingerprint) == VALID
+    assert _within(2, lambda: store.put(PLAN)) is PutOutcome.CREATED
+    assert store.get(PLAN.fingerprint) == PLAN
+    assert (store.root / object_name(PLAN.fingerprint)).is_file()
+
+
+def test_odd_entry_is_deleted(odd_store: LocalStore) -> None:
+    store = odd_store
+    assert _within(2, lambda: store.delete(PLAN.fingerprint)) is True
+    assert not os.path.lexists(store.root / object_name(PLAN.fingerprint))
+    assert list(store.iter_fingerprints()) == [VALID.fingerprint]
+
+
+def test_a_stale_temp_directory_does_not_fail_the_cleanup(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put(VALID)
+    odd = tmp_path / f".{object_name(PLAN.fingerprint)}.host.1.ab.x.tmp"
+    odd.mkdir()
+    stale = tmp_path / f".{object_name(PLAN.fingerprint)}.host.2.cd.y.tmp"
+    stale.write_bytes(b"{")
+    os.utime(odd, (0, 0))
+    os.utime(stale, (0, 0))
+    assert store.remove_stale_temp_files() == 1
+    assert not stale.exists() and odd.is_dir()
+
+
+# -- the lock file ------------------------------------------------------------------------
+def test_a_planted_lock_symlink_is_never_followed(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.put(make_plan(kv=10 * GiB))
+    victim = tmp_path / "victim"
+    (store.root / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(PlanStoreError, match="symbolic link"):
+        store.put(make_plan(kv=20 * GiB))  # a replace: takes the lock
+    assert not os.path.lexists(victim)
+
+
+def test_the_lock_file_mode_suits_a_group_shared_store(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    old = os.umask(0o002)
+    try:
+        store.put(make_plan(kv=10 * GiB))
+        store.put(make_plan(kv=20 * GiB))
+    finally:
+        os.umask(old)
+    assert (tmp_path / LOCK_NAME).stat().st_mode & 0o777 == 0o664
+
+
+HOLDER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def _hold(lock: Path) -> subprocess.Popen[str]:
+    """A process holding ``flock`` on ``lock`` until its stdin closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _release(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+def test_lock_waits_are_bounded(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put(PLAN)
+    store.lock_timeout = 0.5
+    holder = _hold(tmp_path / LOCK_NAME)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PlanStoreUnavailableError, match="held the lock"):
+            _within(5, lambda: store.delete(PLAN.fingerprint))
+        assert time.monotonic() - start < 1.5
+    finally:
+        _release(holder)
+    assert store.get(PLAN.fingerprint) == PLAN
+    assert store.delete(PLAN.fingerprint) is True
+
+
+def test_a_lock_file_replaced_while_waited_for_is_not_trusted(tmp_path: Path) -> None:
+    """A waits on the lock file's first inode; the file is replaced and B locks the new one;
+    A's holder exits. A must not go on (B holds the lock now): it waits for B instead."""
+    store = LocalStore(tmp_path)
+    store.put(PLAN)
+    store.lock_timeout = 3.0
+    lock = tmp_path / LOCK_NAME
+    first = _hold(lock)
+    box: dict[str, object] = {}
+
+    def delete() -> None:
+        try:
+            box["value"] = store.delete(PLAN.fingerprint)
+        except BaseException as exc:
+            box["error"] = exc
+
+    waiter = threading.Thread(target=delete, daemon=True)
+    waiter.start()
+    time.sleep(0.5)  # the waiter has opened the first lock file and waits on it
+    lock.unlink()
+    second = _hold(lock)
+    try:
+        _release(first)
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert isinstance(box.get("error"), PlanStoreUnavailableError), box
+        assert store.get(PLAN.fingerprint) == PLAN
+    finally:
+        _release(second)

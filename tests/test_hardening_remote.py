@@ -1,0 +1,178 @@
+"""Hostile remotes: a slow client opening, endless or looping listings, unexpected answers.
+
+A slow opening is a real one: gcsfs checks a raw token at Google's tokeninfo URL, and the
+standard proxy variable sends that check to a server on 127.0.0.1 that never answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache import PlanCache, open_store
+from plancache.backends._remote import ObjectStore
+from plancache.backends.local import LocalStore
+from plancache.config import Settings
+from plancache.errors import PlanStoreError, PlanStoreUnavailableError
+from plancache.fingerprint import object_name
+from plancache.testing import FACTORS, GiB, make_plan
+from plancache.testing.servers import FakeGCS, SilentServer
+from tests.hostile import Reply, Respond, ScriptedServer
+
+TOKEN = "ya29.a0-hardening-raw-access-token"
+
+
+@pytest.fixture
+def slow_token_check(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with SilentServer() as silent:
+        monkeypatch.setenv("HTTPS_PROXY", silent.endpoint)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        yield
+
+
+def _gcs_settings(fake_gcs: FakeGCS, local_tier: str | None) -> Settings:
+    options = {"token": TOKEN, "endpoint_url": fake_gcs.endpoint}
+    return Settings("gs://plancache-slow/p", storage_options=options, local_tier=local_tier)
+
+
+def test_local_tier_answers_while_the_remote_client_opens(
+    fake_gcs: FakeGCS, slow_token_check: None, tmp_path: Path
+) -> None:
+    tier = tmp_path / "tier"
+    LocalStore(tier).put(make_plan())
+    cache = PlanCache(_gcs_settings(fake_gcs, str(tier)).open_store, timeout=2.0)
+    start = time.monotonic()
+    decision = cache.lookup(FACTORS, current_free_memory=80 * GiB)
+    assert decision.reason == "hit", decision
+    assert time.monotonic() - start < 1.0
+
+
+def test_opening_a_remote_client_is_bounded(fake_gcs: FakeGCS, slow_token_check: None) -> None:
+    store = _gcs_settings(fake_gcs, None).open_store()
+    start = time.monotonic()
+    with pytest.raises(PlanStoreUnavailableError, match=r"did not open within 5 s"):
+        store.get(make_plan().fingerprint)
+    assert time.monotonic() - start < 6.0
+
+
+# -- listings ------------------------------------------------------------------------------
+FP = make_plan().fingerprint
+S3_PAGE = (
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    "<Name>hostile</Name><Prefix>p/</Prefix><MaxKeys>1000</MaxKeys>"
+    "<IsTruncated>{truncated}</IsTruncated>{contents}{token}</ListBucketResult>"
+)
+
+
+def _s3_page(
+    token: str | None,
+    contents: str = f"<Contents><Key>p/{object_name(FP)}</Key><Size>1</Size></Contents>",
+) -> bytes:
+    return S3_PAGE.format(
+        truncated="true" if token else "false",
+        contents=contents,
+        token=f"<NextContinuationToken>{token}</NextContinuationToken>" if token else "",
+    ).encode()
+
+
+def _gcs_page(token: str | None) -> bytes:
+    page: dict[str, object] = {"items": [{"name": f"p/{object_name(FP)}"}]}
+    if token:
+        page["nextPageToken"] = token
+    return json.dumps(page).encode()
+
+
+def _listing(backend: str, page: Callable[[int], bytes]) -> Respond:
+    """Listing requests get ``page(n)`` for the n-th one (from 0)."""
+    count = itertools.count()
+    kind = "application/xml" if backend == "s3" else "application/json"
+
+    def respond(method: str, path: str, body: bytes) -> Reply:
+        return 200, {"Content-Type": kind}, page(next(count))
+
+    return respond
+
+
+def _store(backend: str, endpoint: str) -> ObjectStore:
+    if backend == "s3":
+        store = open_store("s3://hostile/p", endpoint_url=endpoint)
+    else:
+        store = open_store("gs://hostile/p", endpoint_url=endpoint, token="anon")
+    assert isinstance(store, ObjectStore)
+    return store
+
+
+def _list_within(seconds: float, store: ObjectStore) -> list[str]:
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = list(store.iter_fingerprints())
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"listing still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+PAGE = {"s3": _s3_page, "gcs": _gcs_page}
+
+
+@pytest.mark.parametrize("backend", ["s3", "gcs"])
+def test_a_repeated_page_token_ends_the_listing(backend: str) -> None:
+    with ScriptedServer(_listing(backend, lambda n: PAGE[backend]("same"))) as server:
+        store = _store(backend, server.endpoint)
+        with pytest.raises(PlanStoreUnavailableError, match="repeated a page token"):
+            _list_within(10, store)
+        assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("backend", ["s3", "gcs"])
+def test_a_listing_is_bounded_in_pages_and_time(backend: str) -> None:
+    with ScriptedServer(_listing(backend, lambda n: PAGE[backend](f"t{n}"))) as server:
+        store = _store(backend, server.endpoint)
+        store.max_list_pages = 5
+        with pytest.raises(PlanStoreUnavailableError, match="within 5 pages"):
+            _list_within(10, store)
+        assert len(server.requests) == 5
+        store.max_list_pages = 10_000
+        store.list_timeout = 0.5
+        start = time.monotonic()
+        with pytest.raises(PlanStoreUnavailableError, match=r"within 0.5 s"):
+            _list_within(10, store)
+        assert time.monotonic() - start < 2.0
+
+
+GCS_ODD = [
+    b"not json",
+    b"[]",
+    b'{"items": "x"}',
+    b'{"items": [{"nom": 1}]}',
+    b'{"items": [{"name": 5}]}',
+    b'{"nextPageToken": 5}',
+]
+S3_ODD = [_s3_page(None, "<Contents><Size>1</Size></Contents>")]
+
+
+@pytest.mark.parametrize(
+    ("backend", "body"), [("gcs", b) for b in GCS_ODD] + [("s3", b) for b in S3_ODD]
+)
+def test_unexpected_listing_answers_are_store_errors(backend: str, body: bytes) -> None:
+    with (
+        ScriptedServer(_listing(backend, lambda n: body)) as server,
+        pytest.raises(PlanStoreError, match="unexpected answer"),
+    ):
+        _list_within(10, _store(backend, server.endpoint))
