@@ -28,6 +28,21 @@ STANDIN = HERE / "standin"
 """On a child's path, ``vllm`` is the stand-in package."""
 STANDIN_GPU_WORKER = STANDIN / "vllm" / "v1" / "worker" / "gpu_worker.py"
 GLOO_RANK = HERE / "gloo_rank.py"
+REAL_WORKER = HERE / "real_worker.py"
+"""Boots the real vLLM ``gpu_worker.Worker`` on CPU in its own process (``tox -e vllm``)."""
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "torch_dtype": "float32",
+}
+"""A tiny Llama: a real ``VllmConfig`` is built from a directory holding only this file."""
 _counter = itertools.count()
 
 if TYPE_CHECKING:  # the stand-in has every attribute the plugin reads

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from plancache.testing import child_env
-from tests.vllm.support import REPO, vllm_installed
+from tests.vllm.support import MODEL_CONFIG, REPO, vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
@@ -26,18 +26,6 @@ pytestmark = [
 ]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float32",
-}
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.Popen[str]:
