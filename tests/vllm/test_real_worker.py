@@ -181,3 +181,31 @@ def test_two_ranks_agree_late_rank_and_explicit_on_one_rank(
     assert hit0["tally"] == hit1["tally"] == {"explicit": 0, "apply": 2, "profile": 0}
     assert [r["world_allreduce"] for r in (hit0, hit1)] == [3, 3]
     assert hit0["times"]["determine"] > 2.0  # rank 0 waited in the vote for its late peer
+
+
+def test_plugin_cost_with_a_slow_remote_store(model_dir: Path, tmp_path: Path) -> None:
+    """S3 (moto) behind a loopback proxy that delays every request by 300 ms, weights that
+    take 1 s to load: the fetch overlaps the load, so the plugin adds next to nothing to
+    ``determine_available_memory`` on a hit, and the save adds next to nothing to
+    ``compile_or_warm_up_model`` on a miss."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (tox -e vllm)")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (tox -e vllm)")
+    from tests.vllm.slow_store import slow_s3
+
+    with slow_s3(delay_s=0.3) as (url, options):
+        env = {"PLANCACHE_STORAGE_OPTIONS": json.dumps(options), "PLANCACHE_TIMEOUT": "5"}
+        [(miss, _)] = reports(boot(model_dir, url, "--graphs", "--load-s", "1", **env))
+        [(hit, _)] = reports(boot(model_dir, url, "--graphs", "--load-s", "1", **env))
+    assert (miss["mode"], miss["saved"], hit["mode"]) == ("profiling", "created", "applied")
+    costs = {
+        "miss: load_model": miss["costs"]["load_model"],
+        "miss: determine_available_memory": miss["costs"]["determine_available_memory"],
+        "miss: compile_or_warm_up_model (save)": miss["costs"]["compile_or_warm_up_model"],
+        "hit: load_model": hit["costs"]["load_model"],
+        "hit: determine_available_memory": hit["costs"]["determine_available_memory"],
+    }
+    print("\nplugin's critical-path cost, S3 +300 ms per request, 1 s weight load:")
+    for name, seconds in costs.items():
+        print(f"  {name}: {seconds * 1e3:.2f} ms")
+    assert costs["hit: determine_available_memory"] < 0.05
+    assert costs["miss: compile_or_warm_up_model (save)"] < 0.05
