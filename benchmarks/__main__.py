@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import boot, fleet, local_costs, machine, report, servers, store_costs
+from benchmarks import (
+    boot,
+    fleet,
+    local_costs,
+    machine,
+    plugin_costs,
+    report,
+    servers,
+    store_costs,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_remote:
         print("measuring S3 and GCS on loopback servers ...", flush=True)
         results["stores"].update(store_costs.measure_remote(args.remote_samples))
+        print("measuring the vLLM plugin's critical-path cost ...", flush=True)
+        results["plugin_costs"] = plugin_costs.measure()
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
         if args.no_remote:
@@ -70,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_seconds"] = time.monotonic() - start
     print()
     print(report.table(results))
+    if "plugin_costs" in results:
+        print()
+        print(plugin_costs.table(results["plugin_costs"]))
     report.write_json(results, args.out / "results.json")
     report.plot(results, args.out / "results.png")
     print(
