@@ -41,48 +41,46 @@ class DelayingProxy(CountingProxy):
         super().handle(h)
 
 
-def _ms(fn: Callable[[], object]) -> float:
+def _ms(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
+    """Milliseconds ``fn(*args, **kwargs)`` took."""
     start = time.perf_counter()
-    fn()
+    fn(*args, **kwargs)
     return (time.perf_counter() - start) * 1e3
+
+
+def _after(cache: PlanCache, factors: dict[str, Any], load_s: float) -> float:
+    """Critical-path ms of the new flow: start the fetch, load weights, join."""
+    start = time.perf_counter()
+    pending = cache.start_lookup(factors, FREE)
+    started = (time.perf_counter() - start) * 1e3
+    time.sleep(load_s)  # the weights load
+    return started + _ms(pending.result, cache.timeout)
 
 
 def measure_store(
     make: Callable[[], PlanCache], load_s: float, runs: int
 ) -> dict[str, dict[str, float]]:
-    """Median critical-path milliseconds of hit, miss and save, before and after."""
+    """Median critical-path milliseconds of hit, miss and save, before and after. Every
+    figure uses a fresh cache, as a fresh boot does (client set-up included)."""
     out: dict[str, list[float]] = {}
-
-    def add(name: str, value: float) -> None:
-        out.setdefault(name, []).append(value)
-
+    size = {"kv_cache_memory_bytes": KV, "free_memory_baseline": FREE}
     for run in range(runs):
-        cache = make()  # a fresh process's cache: client set-up included, as in a boot
         factors = {**FACTORS, "run": run}
-        add("miss before", _ms(lambda: cache.lookup(factors, FREE)))
-        add(
-            "save before",
-            _ms(lambda: cache.record(factors, kv_cache_memory_bytes=KV, free_memory_baseline=FREE)),
-        )
-        cache = make()
-        add("hit before", _ms(lambda: cache.lookup(factors, FREE)))
-        for name, key in (("hit after", factors), ("miss after", {**factors, "new": True})):
-            cache = make()
-            start = time.perf_counter()
-            pending = cache.start_lookup(key, FREE)
-            started = time.perf_counter() - start
-            time.sleep(load_s)  # the weights load
-            waited = _ms(lambda: pending.result(cache.timeout))
-            add(name, started * 1e3 + waited)
+        figures = {
+            "miss before": _ms(make().lookup, factors, FREE),
+            "save before": _ms(make().record, factors, **size),
+            "hit before": _ms(make().lookup, factors, FREE),
+            "hit after": _after(make(), factors, load_s),
+            "miss after": _after(make(), {**factors, "new": True}, load_s),
+        }
         cache = make()
         thread = threading.Thread(
-            target=cache.record,
-            args=({**factors, "saved-after": True},),
-            kwargs={"kv_cache_memory_bytes": KV, "free_memory_baseline": FREE},
-            daemon=True,
+            target=cache.record, args=({**factors, "saved-after": True},), kwargs=size, daemon=True
         )
-        add("save after", _ms(thread.start))
+        figures["save after"] = _ms(thread.start)
         thread.join(30)
+        for name, value in figures.items():
+            out.setdefault(name, []).append(value)
     return {name: {"median_ms": median(values)} for name, values in out.items()}
 
 
