@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import boot, fleet, local_costs, machine, report, store_costs
+from benchmarks import (
+    boot,
+    fleet,
+    local_costs,
+    machine,
+    plugin_costs,
+    report,
+    store_costs,
+)
 from plancache.testing import servers
 
 
@@ -56,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_remote and not args.fleet_only:
         print("measuring S3 and GCS on loopback servers ...", flush=True)
         results["stores"].update(store_costs.measure_remote(args.remote_samples))
+        print("measuring the vLLM plugin's critical-path cost ...", flush=True)
+        results["plugin_costs"] = plugin_costs.measure()
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
         shared_options: dict[str, Any]
@@ -90,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_seconds"] = time.monotonic() - start
     print()
     print(report.table(results))
+    if "plugin_costs" in results:
+        print()
+        print(plugin_costs.table(results["plugin_costs"]))
     report.write_json(results, args.out / "results.json")
     report.plot(results, args.out / "results.png")
     print(

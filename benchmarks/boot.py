@@ -1,8 +1,10 @@
 """Real boots of vLLM in fresh processes (the way ``vllm bench startup`` times them).
 
 Needs a CUDA GPU and vLLM with the plancache plugin installed (``pip install
-'plancache[vllm,bench]'``). Variants, each with one untimed boot first and then ``--runs``
-timed warm boots:
+'plancache[vllm,bench]'``). Each variant runs with CUDA graphs (the default) and with
+``--enforce-eager`` (a hit saves seconds with graphs, little eager), with one untimed boot
+first and then ``--runs`` timed warm boots; each boot's plancache decision (hit, miss, ...)
+is read from its log line:
 
 - ``off``: no startup plans; vLLM profiles every boot.
 - ``builtin``: vLLM's own ``VLLM_ENABLE_STARTUP_PLAN=1`` (plancache disabled).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +36,11 @@ CHILD = """
 import json, sys, time
 start = time.perf_counter()
 from vllm import LLM
-llm = LLM(model=sys.argv[1], gpu_memory_utilization=float(sys.argv[2]))
+llm = LLM(
+    model=sys.argv[1],
+    gpu_memory_utilization=float(sys.argv[2]),
+    enforce_eager=sys.argv[3] == "eager",
+)
 print("BOOT_SECONDS", json.dumps(time.perf_counter() - start), flush=True)
 """
 
@@ -49,9 +56,25 @@ def skip_reason() -> str | None:
     return None
 
 
-def _boot(model: str, util: float, env: dict[str, str], timeout: float) -> float:
+DECISION = re.compile(r"plancache: rank (\d+):? (applies plan|profiles \(([^)]*)\)|kv_cache)")
+
+
+def decisions(log: str) -> list[str]:
+    """Each rank's plancache decision from a boot's log: ``hit``, ``explicit`` or the
+    reason it profiled (``miss``, ``gate:...``); empty when plancache was off."""
+    found = []
+    for match in DECISION.finditer(log):
+        kind = match.group(2)
+        found.append("hit" if kind == "applies plan" else match.group(3) or "explicit")
+    return found
+
+
+def _boot(
+    model: str, util: float, env: dict[str, str], timeout: float, mode: str
+) -> tuple[float, list[str]]:
+    """(seconds, plancache decisions) of one boot in a fresh process."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, model, str(util)],
+        [sys.executable, "-c", CHILD, model, str(util), mode],
         env=env,
         capture_output=True,
         text=True,
@@ -59,12 +82,13 @@ def _boot(model: str, util: float, env: dict[str, str], timeout: float) -> float
     )
     for line in out.stdout.splitlines():
         if line.startswith("BOOT_SECONDS"):
-            return float(line.split()[1])
+            return float(line.split()[1]), decisions(out.stdout + out.stderr)
     raise RuntimeError(f"boot failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
 
 
-def run(model: str, runs: int, util: float, timeout: float) -> dict[str, Any]:
-    """Boot ``model`` in every variant; seconds per timed boot, and medians."""
+def run(model: str, runs: int, util: float, timeout: float, mode: str) -> dict[str, Any]:
+    """Boot ``model`` in every variant (``mode``: "graphs" or "eager"); seconds and
+    plancache decisions per timed boot, and medians."""
     from plancache.testing.servers import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="plancache-boot-"))
@@ -86,14 +110,20 @@ def run(model: str, runs: int, util: float, timeout: float) -> dict[str, Any]:
             "new-node": plancache_env,
         }
         for name, env in variants.items():
-            _boot(model, util, env, timeout)  # untimed: fills compile caches and the plan
-            times = []
+            _boot(model, util, env, timeout, mode)  # untimed: fills compile caches, the plan
+            times, seen = [], []
             for _ in range(runs):
                 if name == "new-node":
                     shutil.rmtree(tier, ignore_errors=True)
-                times.append(_boot(model, util, env, timeout))
-            results[name] = {"seconds": times, "median_seconds": median(times)}
-            print(f"{name:10s} median {median(times):7.2f} s  runs {times}", flush=True)
+                seconds, decided = _boot(model, util, env, timeout, mode)
+                times.append(seconds)
+                seen.append(decided)
+            results[name] = {"seconds": times, "median_seconds": median(times), "decisions": seen}
+            print(
+                f"{mode:6s} {name:10s} median {median(times):7.2f} s  runs {times}  "
+                f"plancache {seen}",
+                flush=True,
+            )
     shutil.rmtree(work, ignore_errors=True)
     for name in ("builtin", "plancache", "new-node"):
         results[name]["saved_vs_off_seconds"] = (
@@ -115,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"real-boot benchmark skipped: {reason}")
         return 0
     start = time.monotonic()
-    results = run(args.model, args.runs, args.gpu_memory_utilization, args.timeout)
+    results: dict[str, Any] = {}
+    for mode in ("graphs", "eager"):  # a hit saves seconds with CUDA graphs, little eager
+        results[mode] = run(args.model, args.runs, args.gpu_memory_utilization, args.timeout, mode)
     results["wall_seconds"] = time.monotonic() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

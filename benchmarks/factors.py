@@ -23,5 +23,11 @@ def worker_factors(config: str) -> dict[str, Scalar]:
         gpu_memory_utilization=0.9,
         rank=0,
         world_size=1,
+        nccl="2.27.3",
+        pytorch_cuda_alloc_conf="",
+        pytorch_hip_alloc_conf="",
+        pytorch_alloc_conf="",
+        vllm_env="{}",
+        disable_custom_all_reduce=False,
     )
     return dict(as_scalars(factors))

@@ -172,37 +172,21 @@ class PlanCache:
         plausible one of the same record is applied instead. ``avoid``: digests of
         observations not to apply (``Breaker.avoided``). A tiered store keeps looking in the
         remote while the local tier's record has nothing the gate accepts."""
-        start = time.perf_counter()
-        fp: str | None = None
-        plan: Plan | None = None
-        chosen: Observation | None = None
-        detail = ""
-        try:
-            fp = fingerprint(factors)
-        except Exception as exc:  # whatever the caller's mapping raises
-            reason, detail = Reason.INVALID_FACTORS, f"{type(exc).__name__}: {exc}"
-        else:
-            key = fp
-            try:
+        pending = self.start_lookup(factors, current_free_memory, avoid=avoid)
+        return pending.result(self.timeout, budget=budget)
 
-                def usable(p: Plan) -> bool:
-                    return gate(p, current_free_memory, budget, avoid)[0] is not None
-
-                plan = _bounded(lambda: self.store.find(key, usable), self.timeout)
-            except Exception as exc:
-                reason, detail = _describe(exc)
-            else:
-                if plan is None:
-                    reason = Reason.MISS
-                else:
-                    chosen, reason = gate(plan, current_free_memory, budget, avoid)
-                    if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
-                        detail = _budget_detail(plan, current_free_memory, budget)
-        kv = None if chosen is None else chosen.kv_cache_memory_bytes
-        seconds = time.perf_counter() - start
-        decision = Decision(kv, reason, fp, seconds, plan, detail, chosen)
-        _log_lookup(decision, current_free_memory)
-        return decision
+    def start_lookup(
+        self,
+        factors: Mapping[str, Scalar],
+        current_free_memory: object,
+        *,
+        avoid: Collection[str] = (),
+    ) -> PendingLookup:
+        """Start the lookup of ``factors`` in a daemon thread and return at once; join it
+        with ``PendingLookup.result(wait, budget=...)`` (the budget is known only once the
+        weights are loaded). The fetch itself is not bounded: only the join is, so a fetch
+        may overlap other work (loading weights) for free. Never raises."""
+        return PendingLookup(self, factors, current_free_memory, avoid)
 
     def retract(self, fingerprint: str, observation: Observation) -> bool:
         """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
@@ -278,6 +262,80 @@ class PlanCache:
             f": {detail}" if detail else "",
         )
         return result
+
+
+class PendingLookup:
+    """A lookup running in a daemon thread (``PlanCache.start_lookup``). ``result`` gates the
+    fetched record on the caller's thread and logs the decision, once."""
+
+    def __init__(
+        self,
+        cache: PlanCache,
+        factors: Mapping[str, Scalar],
+        current_free_memory: object,
+        avoid: Collection[str] = (),
+    ) -> None:
+        self.started = time.perf_counter()
+        self.current_free_memory = current_free_memory
+        self.avoid = frozenset(avoid)
+        self._done = threading.Event()
+        self._plan: Plan | None = None
+        self._error: Exception | None = None
+        self._decision: Decision | None = None
+        self.fingerprint: str | None = None
+        try:
+            self.fingerprint = fingerprint(factors)
+        except Exception as exc:  # whatever the caller's mapping raises
+            self._error = exc
+            self._done.set()
+            return
+        key = self.fingerprint
+
+        def usable(p: Plan) -> bool:
+            return gate(p, current_free_memory, None, self.avoid)[0] is not None
+
+        def fetch() -> None:
+            try:
+                self._plan = cache.store.find(key, usable)
+            except Exception as exc:  # handed to the caller
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=fetch, name="plancache-lookup", daemon=True).start()
+
+    def done(self) -> bool:
+        """True once the fetch has finished (found, missed or failed)."""
+        return self._done.is_set()
+
+    def result(self, wait: float, *, budget: Budget | None = None) -> Decision:
+        """The decision, waiting at most ``wait`` seconds for the fetch (a ``timeout`` miss
+        past it), gated by free memory, ``budget`` (see ``PlanCache.lookup``) and the
+        observations to avoid. The first call decides; later calls return the same one."""
+        if self._decision is not None:
+            return self._decision
+        plan: Plan | None = None
+        chosen: Observation | None = None
+        detail = ""
+        if not self._done.wait(max(0.0, wait)):
+            reason, detail = _describe(_Timeout())
+        elif self.fingerprint is None:
+            error = self._error
+            reason, detail = Reason.INVALID_FACTORS, f"{type(error).__name__}: {error}"
+        elif self._error is not None:
+            reason, detail = _describe(self._error)
+        elif self._plan is None:
+            reason = Reason.MISS
+        else:
+            plan = self._plan
+            chosen, reason = gate(plan, self.current_free_memory, budget, self.avoid)
+            if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
+                detail = _budget_detail(plan, self.current_free_memory, budget)
+        kv = None if chosen is None else chosen.kv_cache_memory_bytes
+        seconds = time.perf_counter() - self.started
+        self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
+        _log_lookup(self._decision, self.current_free_memory)
+        return self._decision
 
 
 def _short(fp: str | None) -> str:

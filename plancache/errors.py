@@ -63,6 +63,12 @@ class ConfigError(ValueError):
     """A setting (environment variable, option) holds a value plancache cannot use."""
 
 
+class RankAgreementError(RuntimeError):
+    """The vLLM plugin's ranks could not vote on the KV-cache plan (a peer never came within
+    the process group's timeout, or the group broke): the boot stops, since going on could
+    leave ranks on different paths."""
+
+
 # Aliases of plancache 0.1.0's names, kept for one release.
 PlanStoreUnavailable = PlanStoreUnavailableError
 PlanStoreNotFound = PlanStoreNotFoundError

@@ -22,7 +22,7 @@ def test_redact_masks_secret_looking_keys_at_any_depth() -> None:
         "secret": MASK,
         "token": MASK,
         "client_kwargs": {"region_name": "us-east-1", "aws_secret_access_key": MASK},
-        "session_kwargs": MASK,
+        "session_kwargs": {"headers": {"X-Goog-Api-Key": MASK}},
         "retries": 1,
     }
     assert OPTIONS["key"] == "AKIAEXAMPLE"  # the caller's options are left alone

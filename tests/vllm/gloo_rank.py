@@ -1,9 +1,11 @@
 """One rank of the rank-agreement tests: boots a stand-in worker in a gloo process group and
 prints what happened as one JSON line.
 
-usage: gloo_rank.py RANK WORLD_SIZE INIT_FILE FREE_MEMORY_BYTES AGREEMENT_TIMEOUT_S [idle]
+usage: gloo_rank.py RANK WORLD_SIZE INIT_FILE FREE_MEMORY_BYTES GROUP_TIMEOUT_S [idle|explicit]
 
-``idle``: join the group but never boot (a peer that does not reach the agreement).
+``explicit``: boot with ``kv_cache_memory_bytes`` set (7 GiB). ``idle``: join the group
+but never boot (a peer that does not reach the agreement). After the boot, each rank
+all-reduces ``rank + 1`` and reports the sum: a pending collective would pair with it.
 The checkout's root must be on ``PYTHONPATH``.
 """
 
@@ -14,37 +16,48 @@ import sys
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 import plancache.integrations.vllm as plugin
-from plancache.integrations.vllm import agreement
+from plancache.errors import RankAgreementError
 from tests.vllm.support import load_standin, use_fake_runtime
 
 
 def main(argv: list[str]) -> None:
     rank, world, init_file = int(argv[1]), int(argv[2]), argv[3]
     free, timeout = int(argv[4]), float(argv[5])
-    idle = argv[6:] == ["idle"]
+    idle, explicit = "idle" in argv[6:], "explicit" in argv[6:]
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=60),
+        timeout=timedelta(seconds=timeout),
     )
     if idle:
         time.sleep(2 * timeout)
         print(json.dumps({"rank": rank, "idle": True}), flush=True)
         return
     use_fake_runtime()
-    agreement.RANK_AGREEMENT_TIMEOUT_S = timeout
     module = load_standin()
     plugin.patch_worker_module(module)
-    worker = module.Worker(rank=rank, world_size=world, free_memory=free)
+    kv_bytes = 7 * (1 << 30) if explicit else None
+    worker = module.Worker(
+        rank=rank, world_size=world, free_memory=free, kv_cache_memory_bytes=kv_bytes
+    )
     start = time.perf_counter()
-    kv = worker.boot()
+    try:
+        kv = worker.boot()
+    except RankAgreementError as exc:
+        seconds = time.perf_counter() - start
+        print(json.dumps({"rank": rank, "error": str(exc), "seconds": seconds}), flush=True)
+        return
     seconds = time.perf_counter() - start
-    print(json.dumps({"rank": rank, "kv": kv, "events": worker.events, "seconds": seconds}))
+    total = torch.tensor([rank + 1])
+    dist.all_reduce(total)
+    report = {"rank": rank, "kv": kv, "events": worker.events, "seconds": seconds}
+    print(json.dumps({**report, "next_collective": int(total.item())}), flush=True)
     dist.destroy_process_group()
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plancache import Plan, fingerprint, open_store
 from plancache.integrations.vllm import factors
+from plancache.integrations.vllm.apply import wait_saved
 from plancache.integrations.vllm.factors import DeviceFactors, SoftwareFactors, as_scalars
 from plancache.integrations.vllm.worker import WorkerLike
 from plancache.testing import GiB
@@ -26,6 +28,21 @@ STANDIN = HERE / "standin"
 """On a child's path, ``vllm`` is the stand-in package."""
 STANDIN_GPU_WORKER = STANDIN / "vllm" / "v1" / "worker" / "gpu_worker.py"
 GLOO_RANK = HERE / "gloo_rank.py"
+REAL_WORKER = HERE / "real_worker.py"
+"""Boots the real vLLM ``gpu_worker.Worker`` on CPU in its own process (``tox -e vllm``)."""
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "torch_dtype": "float32",
+}
+"""A tiny Llama: a real ``VllmConfig`` is built from a directory holding only this file."""
 _counter = itertools.count()
 
 if TYPE_CHECKING:  # the stand-in has every attribute the plugin reads
@@ -43,10 +60,20 @@ def vllm_installed() -> bool:
 
 def fake_software_factors() -> SoftwareFactors:
     """What ``software_factors`` returns on a fixed, imaginary install (no vLLM, no torch)."""
-    return {"vllm": "0.0.0+standin", "torch": "0.0.0", "cuda": "", "estimate_cudagraphs": True}
+    return {
+        "vllm": "0.0.0+standin",
+        "torch": "0.0.0",
+        "cuda": "",
+        "nccl": "",
+        "estimate_cudagraphs": True,
+        "vllm_env": "{}",
+        "pytorch_cuda_alloc_conf": "",
+        "pytorch_hip_alloc_conf": "",
+        "pytorch_alloc_conf": "",
+    }
 
 
-def fake_device_factors(device: object) -> DeviceFactors:
+def fake_device_factors(worker: WorkerLike) -> DeviceFactors:
     """What ``device_factors`` returns for any device of an imaginary GPU model."""
     return {
         "device_name": "Standin GPU",
@@ -73,8 +100,20 @@ def load_standin() -> ModuleType:
     return module
 
 
+def booted(worker: Any) -> int:
+    """``worker.boot()`` (a stand-in worker), then wait for its background save: the next
+    boot in this process then sees it. The KV-cache bytes."""
+    kv: int = worker.boot()
+    wait_saved(worker, 10.0)
+    return kv
+
+
 def stored(directory: Path) -> list[Plan]:
-    """Every plan in the local store at ``directory``."""
+    """Every plan in the local store at ``directory``, once this process's background saves
+    have finished."""
+    for thread in threading.enumerate():
+        if thread.name == "plancache-save":
+            thread.join(10)
     store = open_store(str(directory))
     return [p for fp in store.iter_fingerprints() if (p := store.get(fp)) is not None]
 

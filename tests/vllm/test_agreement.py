@@ -29,6 +29,7 @@ def _boot_ranks(
     free: list[int],
     timeout: float = 30.0,
     idle: frozenset[int] = frozenset(),
+    explicit: frozenset[int] = frozenset(),
 ) -> list[dict[str, object]]:
     """Boot one stand-in worker per rank in its own process (gloo); their JSON reports."""
     env = child_env([REPO], PLANCACHE_URL=str(store), GLOO_SOCKET_IFNAME="lo")
@@ -43,6 +44,7 @@ def _boot_ranks(
                 str(mem),
                 str(timeout),
                 *(["idle"] if rank in idle else []),
+                *(["explicit"] if rank in explicit else []),
             ],
             env=env,
             cwd=rendezvous.parent,
@@ -84,6 +86,7 @@ def test_ranks_apply_together(gpu: ModuleType, tmp_path: Path) -> None:
     reports = _boot_ranks(store, tmp_path / "rendezvous", [80 * GiB, 80 * GiB])
     assert all("memory-profiling" not in r["events"] for r in reports)  # type: ignore[operator]
     assert [r["kv"] for r in reports] == [20 * GiB, 20 * GiB]
+    assert [r["next_collective"] for r in reports] == [3, 3]
 
 
 def test_one_gate_fails_so_no_rank_applies(gpu: ModuleType, tmp_path: Path) -> None:
@@ -94,11 +97,24 @@ def test_one_gate_fails_so_no_rank_applies(gpu: ModuleType, tmp_path: Path) -> N
     assert all("memory-profiling" in r["events"] for r in reports)  # type: ignore[operator]
 
 
-def test_failed_agreement_means_profiling(gpu: ModuleType, tmp_path: Path) -> None:
+def test_failed_agreement_stops_the_boot(gpu: ModuleType, tmp_path: Path) -> None:
+    """A peer that never votes: the vote waits the group's own timeout (no shorter one of
+    ours), then the boot stops with a clear error instead of going on alone."""
     store = tmp_path / "peer-absent"
     _seed(store, gpu, 0, 2, baseline=60 * GiB)
     rank0, _idle = _boot_ranks(
-        store, tmp_path / "rendezvous", [80 * GiB, 80 * GiB], timeout=2.0, idle=frozenset({1})
+        store, tmp_path / "rendezvous", [80 * GiB, 80 * GiB], timeout=3.0, idle=frozenset({1})
     )
-    assert "memory-profiling" in rank0["events"]  # type: ignore[operator]
-    assert rank0["seconds"] < 20  # type: ignore[operator]
+    assert "could not agree" in rank0["error"]  # type: ignore[operator]
+    assert 2.5 < rank0["seconds"] < 30  # type: ignore[operator]
+
+
+def test_explicit_rank_votes_and_peers_apply(gpu: ModuleType, tmp_path: Path) -> None:
+    store = tmp_path / "explicit"
+    _seed(store, gpu, 1, 2, baseline=60 * GiB)
+    reports = _boot_ranks(
+        store, tmp_path / "rendezvous", [80 * GiB, 80 * GiB], explicit=frozenset({0})
+    )
+    assert all("memory-profiling" not in r["events"] for r in reports)  # type: ignore[operator]
+    assert [r["kv"] for r in reports] == [7 * GiB, 20 * GiB]
+    assert [r["next_collective"] for r in reports] == [3, 3]

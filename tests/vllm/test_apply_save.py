@@ -14,13 +14,13 @@ import plancache.integrations.vllm as plugin
 from plancache import Plan, PlanCache
 from plancache.integrations.vllm import BootMode, apply
 from plancache.testing import GiB
-from tests.vllm.support import key_of, stored
+from tests.vllm.support import booted, key_of, stored
 
 
 def test_miss_profiles_and_saves(gpu: ModuleType, store_dir: Path) -> None:
     worker = gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB)
     key = key_of(worker)
-    assert worker.boot() == 30 * GiB
+    assert booted(worker) == 30 * GiB
     assert "memory-profiling" in worker.events
     [plan] = stored(store_dir)
     assert plan.fingerprint == key
@@ -30,9 +30,9 @@ def test_miss_profiles_and_saves(gpu: ModuleType, store_dir: Path) -> None:
 
 def test_hit_skips_profiling_with_the_profiled_kv(gpu: ModuleType) -> None:
     first = gpu.Worker(profiled_kv=30 * GiB + 12345)
-    profiled = first.boot()
+    profiled = booted(first)
     second = gpu.Worker(profiled_kv=1)  # would profile something else
-    assert second.boot() == profiled
+    assert booted(second) == profiled
     assert "memory-profiling" not in second.events
     assert second.cache_config.kv_cache_memory_bytes == profiled
     assert getattr(second, apply.STATE_ATTR).mode is BootMode.APPLIED
@@ -45,15 +45,15 @@ def test_builtin_startup_plan_neither_applies_nor_saves(
     monkeypatch.setenv("VLLM_ENABLE_STARTUP_PLAN", "1")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(store_dir.parent / "vllm-cache"))
     worker = gpu.Worker()
-    worker.boot()
+    booted(worker)
     assert not {"builtin-apply", "builtin-save"} & set(worker.events)
     assert len(stored(store_dir.parent / "vllm-cache" / "startup_plan")) == 1
 
 
 def test_explicit_value_respected(gpu: ModuleType, store_dir: Path) -> None:
-    gpu.Worker(profiled_kv=30 * GiB).boot()  # a plan that would apply
+    booted(gpu.Worker(profiled_kv=30 * GiB))  # a plan that would apply
     worker = gpu.Worker(kv_cache_memory_bytes=7 * GiB)
-    assert worker.boot() == 7 * GiB
+    assert booted(worker) == 7 * GiB
     assert worker.cache_config.kv_cache_memory_bytes == 7 * GiB
     [plan] = stored(store_dir)
     assert plan.kv_cache_memory_bytes == 30 * GiB
@@ -63,10 +63,10 @@ def test_explicit_value_respected(gpu: ModuleType, store_dir: Path) -> None:
 def test_gate_rejects_plan_from_a_roomier_boot(
     gpu: ModuleType, store_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB).boot()
+    booted(gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB))
     worker = gpu.Worker(free_memory=70 * GiB, profiled_kv=20 * GiB)
     with caplog.at_level(logging.INFO, logger="plancache"):
-        assert worker.boot() == 20 * GiB
+        assert booted(worker) == 20 * GiB
     assert "memory-profiling" in worker.events
     assert "gate:free-memory-below-baseline" in caplog.text
     [plan] = stored(store_dir)  # 20 GiB at 70 does not dominate 30 GiB at 80
@@ -80,7 +80,7 @@ def test_store_error_profiles(
     not_a_dir.write_text("x")
     monkeypatch.setenv("PLANCACHE_URL", str(not_a_dir))
     worker = gpu.Worker(profiled_kv=30 * GiB)
-    assert worker.boot() == 30 * GiB
+    assert booted(worker) == 30 * GiB
     assert "memory-profiling" in worker.events
 
 
@@ -97,7 +97,7 @@ def test_stalled_store_profiles_within_budget(
     monkeypatch.setattr(apply, "_cache", PlanCache(lambda: Stalled(), timeout=0.3))  # type: ignore[arg-type,return-value]
     worker = gpu.Worker(profiled_kv=30 * GiB)
     start = time.perf_counter()
-    assert worker.boot() == 30 * GiB
+    assert booted(worker) == 30 * GiB
     assert time.perf_counter() - start < 2.0  # lookup and record, 0.3 s each
     assert "memory-profiling" in worker.events
 
@@ -113,7 +113,7 @@ def test_save_key_is_lookup_key_though_config_changes(gpu: ModuleType, store_dir
     [plan] = stored(store_dir)
     assert plan.fingerprint == decision.fingerprint
     again = gpu.Worker()
-    again.boot()
+    booted(again)
     assert "memory-profiling" not in again.events
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from plancache.testing import child_env
-from tests.vllm.support import REPO, vllm_installed
+from tests.vllm.support import MODEL_CONFIG, REPO, vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
@@ -26,18 +26,6 @@ pytestmark = [
 ]
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float32",
-}
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -89,14 +77,14 @@ def test_load_general_plugins_wraps_the_real_worker(tmp_path: Path, allow: str |
                 == (original.__name__, original.__qualname__, original.__doc__),
             }
         report["builtins_replaced"] = all(
-            getattr(gpu_worker, f) is patch.builtin_replaced for f in plugin.BUILTIN_FUNCTIONS
+            getattr(getattr(gpu_worker, f), patch.MARK, False) for f in plugin.BUILTIN_FUNCTIONS
         )
         handlers = logging.getLogger("plancache").handlers
         report["logs_via_vllm"] = [type(h).__name__ for h in handlers] == ["_ForwardTo"]
         print(json.dumps(report))
     """
     report = last_json(run_python(code, child_env([], **extra)))
-    for name in ("determine_available_memory", "compile_or_warm_up_model"):
+    for name in ("load_model", "determine_available_memory", "compile_or_warm_up_model"):
         assert report[name] == {
             "wrapped": True,
             "same_signature": True,

@@ -13,7 +13,7 @@ import pytest
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import apply, patch, registration
 from plancache.testing import child_env
-from tests.vllm.support import load_standin, vllm_installed
+from tests.vllm.support import booted, load_standin, vllm_installed
 
 
 @pytest.mark.parametrize(
@@ -67,9 +67,9 @@ def test_register_is_idempotent(store_dir: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(registration, "_registered", False)  # as if a second copy registered
     plugin.register()
     assert module.Worker.determine_available_memory.__wrapped__ is original
-    assert module.maybe_apply_startup_plan is patch.builtin_replaced
+    assert getattr(module.maybe_apply_startup_plan, patch.MARK, False)
     worker = module.Worker()
-    worker.boot()
+    booted(worker)
     assert worker.events.count("memory-profiling") == 1
 
 

@@ -6,18 +6,25 @@ unless enabled: ``PLANCACHE_URL`` set, ``PLANCACHE_ENABLE=1``, or vLLM's own
 ``VLLM_ENABLE_STARTUP_PLAN=1`` (then plancache replaces vLLM's built-in startup plan, which
 neither applies nor saves anything). ``PLANCACHE_ENABLE=0`` turns it off whatever else is set.
 
-When enabled, it wraps ``vllm.v1.worker.gpu_worker.Worker``'s
-``determine_available_memory`` (look up, agree across ranks, apply) and
-``compile_or_warm_up_model`` (save after it returned), as soon as that module is imported,
-so processes that never import it (the API server) pay nothing. Guarantees:
+When enabled, it wraps ``vllm.v1.worker.gpu_worker.Worker``'s ``load_model`` (compute the
+key, start the store fetch in a daemon thread: the fetch overlaps weight loading),
+``determine_available_memory`` (join the fetch, gate, agree across ranks, apply) and
+``compile_or_warm_up_model`` (save in a daemon thread after it returned), as soon as that
+module is imported, so processes that never import it (the API server) pay nothing.
+Guarantees:
 
 - an explicit ``--kv-cache-memory-bytes`` is always respected: no lookup, no save;
-- the fingerprint is computed once, at lookup, and the save uses the same factors, however
-  the config changes during startup;
-- a plan is applied only if every rank of the worker group can apply its own; if the
-  agreement itself fails, this rank profiles;
-- a plan is saved only by a boot that profiled, after ``compile_or_warm_up_model`` returned,
-  and it records what that boot allocated (``available_kv_cache_memory_bytes``);
+- the key is computed once, when ``load_model`` is entered, and the save uses the same
+  factors, however the config changes later in startup;
+- every rank of vLLM's world group (every DP engine too) votes exactly once, at
+  ``determine_available_memory``; a plan is applied only if no rank must profile; if the
+  vote itself fails, the boot stops with ``RankAgreementError`` (never ranks on different
+  paths);
+- a plan is saved only by a boot that profiled, after ``compile_or_warm_up_model``
+  returned, and it records what that boot allocated (``available_kv_cache_memory_bytes``);
+  the save never delays readiness or exit;
+- device facts come from ``vllm.platforms.current_platform`` (CUDA, ROCm, XPU); where the
+  key cannot be computed, vLLM's built-in startup-plan functions act as without plancache;
 - nothing here raises into vLLM's boot path because of a store, a config or a missing
   attribute; a vLLM without the wrapped methods gets one warning and no patch.
 
@@ -31,9 +38,12 @@ neither vLLM nor torch.
 from __future__ import annotations
 
 from plancache.integrations.vllm.apply import (
+    Boot,
     BootMode,
+    boot_of,
     maybe_apply_startup_plan,
     maybe_save_startup_plan,
+    wait_saved,
 )
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
@@ -41,6 +51,7 @@ from plancache.integrations.vllm.factors import (
     device_factors,
     software_factors,
     worker_factors,
+    worker_labels,
 )
 from plancache.integrations.vllm.patch import (
     BUILTIN_FUNCTIONS,
@@ -49,21 +60,27 @@ from plancache.integrations.vllm.patch import (
     patch_worker_module,
 )
 from plancache.integrations.vllm.registration import register
-from plancache.integrations.vllm.worker import WorkerLike
+from plancache.integrations.vllm.worker import MemoryFigures, WorkerLike, memory_figures
 
 __all__ = [
     "BUILTIN_FUNCTIONS",
     "TARGET_MODULE",
     "WRAPPED_METHODS",
+    "Boot",
     "BootMode",
+    "MemoryFigures",
     "WorkerFactors",
     "WorkerLike",
+    "boot_of",
     "device_factors",
     "enabled",
     "maybe_apply_startup_plan",
     "maybe_save_startup_plan",
+    "memory_figures",
     "patch_worker_module",
     "register",
     "software_factors",
+    "wait_saved",
     "worker_factors",
+    "worker_labels",
 ]

@@ -1,9 +1,13 @@
-"""Apply and save: the lookup at ``determine_available_memory``, the save after
-``compile_or_warm_up_model``, the boot state that ties them, and the process's cache.
+"""The boot flow: the key and the store fetch at ``load_model``, the decision (join, gate,
+rank agreement, apply) at ``determine_available_memory``, the save after
+``compile_or_warm_up_model``; the boot state that ties them, and the process's cache.
 
 Guarantees: an explicit ``kv_cache_memory_bytes`` is respected (no lookup, no save); the key
-is computed once, at lookup, and the save reuses it; a plan is applied only if every rank
-agrees; a plan is saved only by a boot that profiled, once, with what that boot allocated.
+is computed once, when ``load_model`` is entered (or at the decision if it never was), and
+the save reuses it; every rank votes exactly once and a plan is applied only if no rank must
+profile; a plan is saved only by a boot that profiled, once, with what that boot allocated,
+in a daemon thread that never delays readiness or exit. Where the key cannot be computed,
+vLLM's built-in startup-plan functions run as if plancache were absent.
 """
 
 from __future__ import annotations
@@ -11,18 +15,21 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
-from plancache.cache import Decision, PlanCache, Recorded
-from plancache.errors import ConfigError
-from plancache.integrations.vllm.agreement import agree
+from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.enable import enabled
-from plancache.integrations.vllm.factors import WorkerFactors, as_scalars, worker_factors
+from plancache.integrations.vllm.factors import (
+    WorkerFactors,
+    as_scalars,
+    worker_factors,
+    worker_labels,
+)
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.reasons import Reason
+from plancache.plan import Scalar
 
 log = logging.getLogger("plancache.vllm")
 
@@ -34,13 +41,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 _lock = threading.Lock()
 _cache: PlanCache | None = None
+builtins: dict[str, Callable[..., object]] = {}
+"""vLLM's own startup-plan functions by name, kept by the patch: they run for a worker whose
+key plancache could not compute."""
 
 
 class BootMode(enum.StrEnum):
     """How this worker sizes its KV cache."""
 
     EXPLICIT = "explicit"
-    """``kv_cache_memory_bytes`` was set by the user: no lookup, no save."""
+    """``kv_cache_memory_bytes`` was set (by the user, or by vLLM's built-in plan where
+    plancache could not compute the key): no lookup, no save."""
     APPLIED = "applied"
     """A plan was applied: memory profiling skipped, nothing saved."""
     PROFILING = "profiling"
@@ -49,12 +60,25 @@ class BootMode(enum.StrEnum):
 
 @dataclass
 class Boot:
-    """What this worker decided at lookup; the save reuses it."""
+    """This worker's boot, from ``load_model`` on; the decision and the save reuse its key."""
 
-    mode: BootMode
     factors: WorkerFactors | None = None
-    free_memory: object = None
-    saved: bool = False
+    free_memory: int | None = None
+    labels: dict[str, Scalar] = field(default_factory=dict)
+    pending: PendingLookup | None = None
+    builtin: bool = False
+    """True if plancache could not compute the key: vLLM's built-in functions act instead."""
+    mode: BootMode | None = None
+    decision: Decision | None = None
+    tally: Tally | None = None
+    saving: threading.Thread | None = None
+    recorded: Recorded | None = None
+    costs: dict[str, float] = field(default_factory=dict)
+    """Seconds the plugin added to each wrapped method (its own work, peers' waits included)."""
+
+    @property
+    def saved(self) -> bool:
+        return self.saving is not None or self.recorded is not None
 
 
 def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
@@ -81,43 +105,121 @@ def warm() -> None:
     get_cache().warm()
 
 
+def boot_of(worker: object) -> Boot | None:
+    """``worker``'s boot state, if the plugin began one."""
+    boot = getattr(worker, STATE_ATTR, None)
+    return boot if isinstance(boot, Boot) else None
+
+
 def maybe_apply_startup_plan(worker: WorkerLike) -> Decision | None:
     """vLLM's ``maybe_apply_startup_plan`` on the configured store: if enabled and no
     explicit ``kv_cache_memory_bytes`` is set, set it from a plan that this worker's gate and
-    every rank's accept. The decision, or None when nothing was looked up. Never raises."""
-    return safely(apply_plan, worker) if enabled() else None
+    every rank's accept. The decision, or None when nothing was looked up. Raises only
+    ``RankAgreementError`` (the ranks could not vote: the boot must stop)."""
+    if not enabled():
+        return None
+    safely(begin, worker)
+    return decide(worker)
 
 
 def maybe_save_startup_plan(worker: WorkerLike, kv_cache_memory_bytes: int) -> Recorded | None:
     """vLLM's ``maybe_save_startup_plan`` on the configured store: record
     ``kv_cache_memory_bytes`` under the key of this worker's lookup, only if enabled and this
-    boot profiled, once per boot. The result, or None when nothing was stored. Never raises."""
+    boot profiled, once per boot, in this thread. The result, or None when nothing was
+    stored. Never raises."""
     return safely(save_plan, worker, kv_cache_memory_bytes) if enabled() else None
 
 
-def apply_plan(worker: WorkerLike) -> Decision | None:
-    """Look up, agree across ranks, apply; once per worker. The decision, or None when
-    nothing was looked up (decided before, or an explicit value). Raises what the worker
-    raises."""
-    if getattr(worker, STATE_ATTR, None) is not None:
-        return None  # decided once per worker
-    rank = getattr(worker, "rank", "?")
-    explicit = worker.cache_config.kv_cache_memory_bytes
-    if explicit is not None:
-        setattr(worker, STATE_ATTR, Boot(BootMode.EXPLICIT))
-        log.info(
-            "plancache: rank %s: kv_cache_memory_bytes=%s set explicitly; no lookup, no save",
-            rank,
-            explicit,
+def begin(worker: WorkerLike) -> Boot:
+    """Start this worker's boot once: compute the key (now: ``compute_hash()`` changes later
+    in startup) and start the store fetch in a daemon thread. Never raises for a bad worker,
+    config or store: that worker is left to vLLM's built-in functions."""
+    boot = boot_of(worker)
+    if boot is not None:
+        return boot
+    boot = Boot()
+    setattr(worker, STATE_ATTR, boot)
+    if worker.cache_config.kv_cache_memory_bytes is not None:
+        return boot  # explicit: no lookup
+    try:
+        factors = worker_factors(worker)
+        free = worker.init_snapshot.free_memory
+        cache = get_cache()
+    except Exception as exc:
+        boot.builtin = True
+        log.warning(
+            "plancache: rank %s: no lookup: %s: %s; vLLM's built-in startup plan stays in place",
+            getattr(worker, "rank", "?"),
+            type(exc).__name__,
+            exc,
         )
-        return None
-    decision, factors, free = _lookup(worker)
-    can_apply = decision.kv_cache_memory_bytes is not None
-    agreed, agreement = agree(can_apply)
-    boot = Boot(BootMode.PROFILING, factors, free)
-    fp = (decision.fingerprint or "-")[:12]
-    if can_apply and agreed:
-        kv = decision.kv_cache_memory_bytes
+        return boot
+    boot.factors, boot.free_memory = factors, free
+    boot.labels = worker_labels(worker)
+    boot.pending = cache.start_lookup(as_scalars(factors), free)
+    return boot
+
+
+def decide(worker: WorkerLike) -> Decision | None:
+    """Join the fetch (waiting at most what is left of the budget), vote with every rank,
+    then apply or profile; once per worker. The decision, or None when nothing was looked up.
+    Raises only ``RankAgreementError``."""
+    boot = boot_of(worker) or safely(begin, worker)
+    if boot is None:
+        boot = Boot(builtin=True)  # a worker that holds no state: it still votes
+    elif boot.mode is not None:
+        return None  # decided once per worker
+    vote = safely(_vote, worker, boot)
+    if vote is None:  # a worker that cannot be read: profile, as vLLM would
+        vote = Vote.PROFILE
+    boot.tally = agree(vote)
+    safely(_conclude, worker, boot, vote, boot.tally)
+    if boot.mode is None:
+        boot.mode = BootMode.PROFILING
+    return boot.decision
+
+
+def _vote(worker: WorkerLike, boot: Boot) -> Vote:
+    if worker.cache_config.kv_cache_memory_bytes is not None:
+        return Vote.EXPLICIT
+    if boot.pending is None:
+        if boot.builtin and "maybe_apply_startup_plan" in builtins:
+            builtins["maybe_apply_startup_plan"](worker)
+        explicit = worker.cache_config.kv_cache_memory_bytes is not None
+        return Vote.EXPLICIT if explicit else Vote.PROFILE
+    budget = get_cache().timeout
+    spent = boot.costs.get("load_model", 0.0)
+    boot.decision = boot.pending.result(budget - spent)
+    return Vote.APPLY if boot.decision.hit else Vote.PROFILE
+
+
+def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
+    rank = getattr(worker, "rank", "?")
+    agreement = f"; {tally.describe()}" if tally.size > 1 else ""
+    if tally.inconsistent:
+        log.error(
+            "plancache: rank %s: kv_cache_memory_bytes is explicit on %s of %s ranks while "
+            "%s must profile (no applicable plan): the ranks cannot all take the same path "
+            "and may hang in collectives; set kv_cache_memory_bytes on every rank and DP "
+            "engine or on none",
+            rank,
+            tally.explicit,
+            tally.size,
+            tally.profile,
+        )
+    fp = "-"
+    if boot.decision is not None and boot.decision.fingerprint:
+        fp = boot.decision.fingerprint[:12]
+    if vote is Vote.EXPLICIT:
+        boot.mode = BootMode.EXPLICIT
+        log.info(
+            "plancache: rank %s: kv_cache_memory_bytes=%s set explicitly; no lookup, no save%s",
+            rank,
+            worker.cache_config.kv_cache_memory_bytes,
+            agreement,
+        )
+    elif vote is Vote.APPLY and tally.all_skip and boot.decision is not None:
+        kv = boot.decision.kv_cache_memory_bytes
         worker.cache_config.kv_cache_memory_bytes = kv
         boot.mode = BootMode.APPLIED
         log.info(
@@ -130,48 +232,24 @@ def apply_plan(worker: WorkerLike) -> Decision | None:
             agreement,
         )
     else:
-        why = decision.reason if not can_apply else "another rank cannot apply its plan"
+        boot.mode = BootMode.PROFILING
+        why = "another rank must profile" if vote is Vote.APPLY else "no applicable plan"
+        if boot.decision is not None and not boot.decision.hit:
+            why = boot.decision.reason
         log.info("plancache: rank %s profiles (%s) fp=%s%s", rank, why, fp, agreement)
-    setattr(worker, STATE_ATTR, boot)
-    return decision
 
 
-def _key(worker: WorkerLike) -> tuple[WorkerFactors, object]:
-    """(factors, free memory at boot start) of this worker; raises what the worker raises."""
-    free: object = worker.init_snapshot.free_memory
-    return worker_factors(worker), free
-
-
-def _lookup(worker: WorkerLike) -> tuple[Decision, WorkerFactors | None, object]:
-    """(decision, factors, free memory at boot); factor or config errors become an
-    ``error`` decision, logged here because the cache never saw them."""
-    start = time.perf_counter()
-    try:
-        factors, free = _key(worker)
-        cache = get_cache()
-    except Exception as exc:
-        detail = f"{type(exc).__name__}: {exc}"
-        log.warning("plancache: rank %s: no lookup: %s", getattr(worker, "rank", "?"), detail)
-        return (
-            Decision(None, Reason.ERROR, None, time.perf_counter() - start, None, detail),
-            None,
-            None,
-        )
-    return cache.lookup(as_scalars(factors), current_free_memory=free), factors, free
-
-
-def save_plan(worker: WorkerLike, kv_cache_memory_bytes: object) -> Recorded | None:
-    """Record ``kv_cache_memory_bytes`` under the key of this worker's lookup if this boot
-    profiled and has not saved yet. The result, or None when nothing was stored."""
+def _save_job(worker: WorkerLike, kv_cache_memory_bytes: object) -> Callable[[], Recorded] | None:
+    """The record this boot owes (once: it is marked saved here), or None when it owes none:
+    not a profiled boot, saved before, or values that are not sizes."""
     rank = getattr(worker, "rank", "?")
-    boot: Boot | None = getattr(worker, STATE_ATTR, None)
+    boot = boot_of(worker)
     if boot is None:  # a key computed now could differ from any lookup's (vLLM defect 4)
         log.info("plancache: rank %s: not saved: no lookup ran on this worker", rank)
         return None
-    if boot.mode != BootMode.PROFILING or boot.saved or boot.factors is None:
+    if boot.mode is not BootMode.PROFILING or boot.saved or boot.factors is None:
         return None
-    kv = _as_int(kv_cache_memory_bytes)
-    free = _as_int(boot.free_memory)
+    kv, free = _as_int(kv_cache_memory_bytes), _as_int(boot.free_memory)
     if kv is None or free is None:
         log.warning(
             "plancache: rank %s: not saved: KV-cache size %r, free memory at boot %r",
@@ -180,15 +258,50 @@ def save_plan(worker: WorkerLike, kv_cache_memory_bytes: object) -> Recorded | N
             boot.free_memory,
         )
         return None
-    boot.saved = True
-    try:
-        cache = get_cache()
-    except ConfigError as exc:
-        log.warning("plancache: rank %s: not saved: %s", rank, exc)
+    cache = get_cache()
+    factors, labels = as_scalars(boot.factors), dict(boot.labels)
+
+    def record() -> Recorded:
+        boot.recorded = cache.record(
+            factors, kv_cache_memory_bytes=kv, free_memory_baseline=free, labels=labels
+        )
+        return boot.recorded
+
+    boot.recorded = None
+    boot.saving = threading.current_thread()  # marks the boot saved from here on
+    return record
+
+
+def save_plan(worker: WorkerLike, kv_cache_memory_bytes: object) -> Recorded | None:
+    """Record ``kv_cache_memory_bytes`` under the key of this worker's lookup in this thread
+    (bounded by the budget) if this boot profiled and has not saved yet."""
+    job = _save_job(worker, kv_cache_memory_bytes)
+    return None if job is None else job()
+
+
+def start_save(worker: WorkerLike, kv_cache_memory_bytes: object) -> threading.Thread | None:
+    """Like ``save_plan``, in a daemon thread: the caller never waits for the store, and the
+    process never waits for it at exit. The thread, or None when nothing is owed."""
+    job = _save_job(worker, kv_cache_memory_bytes)
+    if job is None:
         return None
-    return cache.record(
-        as_scalars(boot.factors), kv_cache_memory_bytes=kv, free_memory_baseline=free
-    )
+    thread = threading.Thread(target=safely, args=(job,), name="plancache-save", daemon=True)
+    boot = boot_of(worker)
+    assert boot is not None
+    boot.saving = thread
+    thread.start()
+    return thread
+
+
+def wait_saved(worker: object, timeout: float) -> Recorded | None:
+    """Wait at most ``timeout`` seconds for ``worker``'s background save; its result, or
+    None (nothing saved, or not finished). For tools and tests: vLLM never waits."""
+    boot = boot_of(worker)
+    if boot is None or boot.saving is None:
+        return None
+    if boot.saving is not threading.current_thread() and boot.saving.ident is not None:
+        boot.saving.join(timeout)
+    return boot.recorded
 
 
 def _as_int(value: object) -> int | None:

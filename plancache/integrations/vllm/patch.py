@@ -1,4 +1,4 @@
-"""The import hook and the patch: wrap ``Worker``'s two methods in ``TARGET_MODULE`` as soon
+"""The import hook and the patch: wrap ``Worker``'s methods in ``TARGET_MODULE`` as soon
 as that module is executed, so processes that never import it (the API server) pay nothing.
 """
 
@@ -9,30 +9,37 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from plancache.integrations.vllm.apply import apply_plan, safely, save_plan, warm
+from plancache.integrations.vllm import apply
+from plancache.integrations.vllm.apply import safely, warm
 from plancache.integrations.vllm.worker import WorkerLike
 
 log = logging.getLogger("plancache.vllm")
 
 TARGET_MODULE = "vllm.v1.worker.gpu_worker"
 """The module whose ``Worker`` class is wrapped."""
-WRAPPED_METHODS = ("determine_available_memory", "compile_or_warm_up_model")
+REQUIRED_METHODS = ("determine_available_memory", "compile_or_warm_up_model")
+WRAPPED_METHODS = ("load_model", *REQUIRED_METHODS)
+"""``load_model`` (key and fetch), ``determine_available_memory`` (decision),
+``compile_or_warm_up_model`` (save)."""
 BUILTIN_FUNCTIONS = ("maybe_apply_startup_plan", "maybe_save_startup_plan")
-"""vLLM's built-in startup-plan functions, replaced in ``TARGET_MODULE`` by no-ops."""
+"""vLLM's built-in startup-plan functions, replaced in ``TARGET_MODULE`` by delegates."""
 MARK = "__plancache_wrapped__"
 """Set to True on each wrapper."""
 
 
 def patch_worker_module(module: ModuleType) -> bool:
-    """Wrap ``module.Worker``'s two methods and replace the module's built-in startup-plan
-    functions by no-ops. True if patched (now or before); False, with one warning, if the
-    class or a method is missing (nothing is changed then)."""
+    """Wrap ``module.Worker``'s methods and replace the module's built-in startup-plan
+    functions by delegates that run them only for workers plancache cannot serve. True if
+    patched (now or before); False, with one warning, if the class or a required method is
+    missing (nothing is changed then). ``load_model`` is wrapped where it exists; without
+    it the key is computed and the store read at ``determine_available_memory``."""
     worker_cls = getattr(module, "Worker", None)
-    missing = [m for m in WRAPPED_METHODS if not callable(getattr(worker_cls, m, None))]
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(worker_cls, m, None))]
     if worker_cls is None or missing:
         log.warning(
             "plancache: %s.Worker lacks %s; vLLM plugin inactive",
@@ -42,19 +49,40 @@ def patch_worker_module(module: ModuleType) -> bool:
         return False
     if getattr(worker_cls.determine_available_memory, MARK, False):
         return True
+    if callable(getattr(worker_cls, "load_model", None)):
+        worker_cls.load_model = _wrap_load(worker_cls.load_model)
     worker_cls.determine_available_memory = _wrap_determine(worker_cls.determine_available_memory)
     worker_cls.compile_or_warm_up_model = _wrap_warmup(worker_cls.compile_or_warm_up_model)
     for name in BUILTIN_FUNCTIONS:
-        if hasattr(module, name):
-            setattr(module, name, builtin_replaced)
+        original = getattr(module, name, None)
+        if callable(original):
+            apply.builtins.setdefault(name, original)
+            setattr(module, name, _builtin_delegate(name, original))
     log.debug("plancache: patched %s.Worker", module.__name__)
     return True
+
+
+def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load_model(self: WorkerLike, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        boot = safely(apply.begin, self)
+        if boot is not None:
+            boot.costs["load_model"] = time.perf_counter() - start
+        return original(self, *args, **kwargs)
+
+    setattr(load_model, MARK, True)
+    return load_model
 
 
 def _wrap_determine(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def determine_available_memory(self: WorkerLike, *args: Any, **kwargs: Any) -> Any:
-        safely(apply_plan, self)
+        start = time.perf_counter()
+        apply.decide(self)  # raises only if the ranks could not vote: the boot stops
+        boot = apply.boot_of(self)
+        if boot is not None:
+            boot.costs["determine_available_memory"] = time.perf_counter() - start
         return original(self, *args, **kwargs)
 
     setattr(determine_available_memory, MARK, True)
@@ -65,15 +93,32 @@ def _wrap_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile_or_warm_up_model(self: WorkerLike, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        safely(save_plan, self, getattr(self, "available_kv_cache_memory_bytes", None))
+        start = time.perf_counter()
+        safely(apply.start_save, self, getattr(self, "available_kv_cache_memory_bytes", None))
+        boot = apply.boot_of(self)
+        if boot is not None:
+            boot.costs["compile_or_warm_up_model"] = time.perf_counter() - start
         return result
 
     setattr(compile_or_warm_up_model, MARK, True)
     return compile_or_warm_up_model
 
 
-def builtin_replaced(*args: object, **kwargs: object) -> None:
-    """Stands in for vLLM's built-in startup-plan functions: plancache does their job."""
+def _builtin_delegate(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Stands in for vLLM's built-in ``name``: plancache does its job for the workers it
+    serves; the built-in still runs for a worker whose key plancache could not compute."""
+
+    @functools.wraps(original)
+    def delegate(worker: object, *args: Any, **kwargs: Any) -> Any:
+        boot = apply.boot_of(worker)
+        if boot is None:
+            return original(worker, *args, **kwargs)  # never decided by plancache
+        if boot.builtin and name == "maybe_save_startup_plan":
+            return original(worker, *args, **kwargs)
+        return None  # plancache's (or, for apply, already run by plancache's decision)
+
+    setattr(delegate, MARK, True)
+    return delegate
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):

@@ -32,19 +32,27 @@ class CacheConfig:
 @dataclass
 class ParallelConfig:
     world_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+
+@dataclass
+class ModelConfig:
+    model: str = "standin/model"
+    dtype: str = "bfloat16"
 
 
 @dataclass
 class VllmConfig:
     cache_config: CacheConfig
     parallel_config: ParallelConfig
-    model: str = "standin/model"
+    model_config: ModelConfig = field(default_factory=ModelConfig)
     max_model_len: int | None = None
     cudagraph_mode: str | None = None
 
     def compute_hash(self) -> str:
         """Like vLLM's: no gpu_memory_utilization, no kv_cache_memory_bytes, no device."""
-        text = f"{self.model}|{self.max_model_len}|{self.cudagraph_mode}"
+        text = f"{self.model_config.model}|{self.max_model_len}|{self.cudagraph_mode}"
         text += f"|{self.parallel_config.world_size}"
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -69,9 +77,13 @@ class Worker:
         self.local_rank = self.rank
         self.device = f"cuda:{self.local_rank}"
         self.cache_config = CacheConfig(self.gpu_memory_utilization, self.kv_cache_memory_bytes)
-        self.parallel_config = ParallelConfig(self.world_size)
+        self.parallel_config = ParallelConfig(self.world_size, self.world_size)
         self.vllm_config = VllmConfig(self.cache_config, self.parallel_config)
         self.init_snapshot = MemorySnapshot(self.free_memory)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        """Load the weights (nothing to load here)."""
+        self.events.append("load_model")
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: the configured value, or a "profiled" one."""
@@ -95,7 +107,8 @@ class Worker:
         return 0.0
 
     def boot(self) -> int:
-        """The two calls vLLM's engine makes, in order; the KV-cache bytes."""
+        """The three calls vLLM's engine makes, in order; the KV-cache bytes."""
+        self.load_model()
         kv = self.determine_available_memory()
         self.compile_or_warm_up_model()
         return kv

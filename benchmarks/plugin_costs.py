@@ -1,0 +1,130 @@
+"""The vLLM plugin's critical-path cost per boot, before and after the fetch moved into
+weight loading and the save into a daemon thread.
+
+- before: the lookup ran at ``determine_available_memory`` (``PlanCache.lookup``: the store's
+  full latency on the critical path) and the save ran after warm-up (``PlanCache.record``);
+- after: the lookup starts when ``load_model`` is entered (``PlanCache.start_lookup``), the
+  weights load (simulated by a sleep), then ``determine_available_memory`` only joins it
+  (``PendingLookup.result``); the save only starts a daemon thread.
+
+On the local store, S3 (moto) and GCS (fake-gcs-server) on loopback, each with 0 and 300 ms
+added to every request by a delaying proxy. Run: ``python -m benchmarks.plugin_costs``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from benchmarks.stats import median
+from plancache import PlanCache, open_store
+from plancache.testing.servers import CountingProxy, gcs_server, s3_server
+
+FACTORS: dict[str, Any] = {"model": "bench/plugin-costs", "rank": 0}
+FREE = 80 << 30
+KV = 40 << 30
+
+
+class DelayingProxy(CountingProxy):
+    """``CountingProxy`` that waits ``delay_s`` before forwarding each request."""
+
+    def __init__(self, upstream: str, delay_s: float) -> None:
+        super().__init__(upstream)
+        self.delay_s = delay_s
+
+    def handle(self, h: Any) -> None:
+        time.sleep(self.delay_s)
+        super().handle(h)
+
+
+def _ms(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
+    """Milliseconds ``fn(*args, **kwargs)`` took."""
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _after(cache: PlanCache, factors: dict[str, Any], load_s: float) -> float:
+    """Critical-path ms of the new flow: start the fetch, load weights, join."""
+    start = time.perf_counter()
+    pending = cache.start_lookup(factors, FREE)
+    started = (time.perf_counter() - start) * 1e3
+    time.sleep(load_s)  # the weights load
+    return started + _ms(pending.result, cache.timeout)
+
+
+def measure_store(
+    make: Callable[[], PlanCache], load_s: float, runs: int
+) -> dict[str, dict[str, float]]:
+    """Median critical-path milliseconds of hit, miss and save, before and after. Every
+    figure uses a fresh cache, as a fresh boot does (client set-up included)."""
+    out: dict[str, list[float]] = {}
+    size = {"kv_cache_memory_bytes": KV, "free_memory_baseline": FREE}
+    for run in range(runs):
+        factors = {**FACTORS, "run": run}
+        figures = {
+            "miss before": _ms(make().lookup, factors, FREE),
+            "save before": _ms(make().record, factors, **size),
+            "hit before": _ms(make().lookup, factors, FREE),
+            "hit after": _after(make(), factors, load_s),
+            "miss after": _after(make(), {**factors, "new": True}, load_s),
+        }
+        cache = make()
+        thread = threading.Thread(
+            target=cache.record, args=({**factors, "saved-after": True},), kwargs=size, daemon=True
+        )
+        figures["save after"] = _ms(thread.start)
+        thread.join(30)
+        for name, value in figures.items():
+            out.setdefault(name, []).append(value)
+    return {name: {"median_ms": median(values)} for name, values in out.items()}
+
+
+@contextmanager
+def _stores(delay_s: float) -> Iterator[dict[str, Callable[[], PlanCache]]]:
+    with ExitStack() as stack:
+        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-costs-"))
+        makers: dict[str, Callable[[], PlanCache]] = {}
+        if delay_s == 0:
+            makers["local"] = lambda: PlanCache(lambda: open_store(directory), timeout=5)
+        for name, server in (("s3", s3_server), ("gcs", gcs_server)):
+            url, options = stack.enter_context(server())
+            proxy = stack.enter_context(DelayingProxy(options["endpoint_url"], delay_s))
+            opts = {**options, "endpoint_url": proxy.endpoint}
+            makers[name] = lambda u=url, o=opts: PlanCache(  # type: ignore[misc]
+                lambda: open_store(u, **o), timeout=5
+            )
+        yield makers
+
+
+def measure(load_s: float = 1.0, runs: int = 5) -> dict[str, Any]:
+    """Figures for every store, with 0 and 300 ms of added latency per request."""
+    results: dict[str, Any] = {"load_s": load_s, "runs": runs, "stores": {}}
+    for delay_s in (0.0, 0.3):
+        with _stores(delay_s) as makers:
+            for name, make in makers.items():
+                label = f"{name} +{delay_s * 1e3:.0f} ms"
+                print(f"  plugin costs on {label} ...", flush=True)
+                results["stores"][label] = measure_store(make, load_s, runs)
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    """A text table: rows are stores, columns the critical-path milliseconds."""
+    columns = ["hit before", "hit after", "miss before", "miss after", "save before", "save after"]
+    lines = [
+        f"plugin critical-path cost (median ms, weight load {results['load_s']} s)",
+        f"{'store':<14}" + "".join(f"{c:>13}" for c in columns),
+    ]
+    for store, figures in results["stores"].items():
+        cells = "".join(f"{figures[c]['median_ms']:>13.2f}" for c in columns)
+        lines.append(f"{store:<14}{cells}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(measure()))

@@ -1,0 +1,216 @@
+"""End to end on the REAL vLLM 0.33.0 ``gpu_worker.Worker`` (``tox -e vllm``): each boot is
+a fresh process running ``real_worker.py``; real ``VllmConfig``, real plugin discovery, real
+gloo world group for TP=2; only the GPU memory counters and the model runner are faked.
+Independent boots run side by side to keep the suite short."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache.testing import GiB, child_env
+from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, vllm_installed
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (tox -e vllm)"),
+]
+BOOT_TIMEOUT_S = 200.0
+Report = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("model")
+    (directory / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return directory
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _extra_paths() -> list[str]:
+    """Where this process found the S3 client (s3fs), so a child finds it too."""
+    spec = importlib.util.find_spec("s3fs")
+    if spec is None or spec.origin is None:
+        return []
+    return [str(Path(spec.origin).parent.parent)]
+
+
+def boot(
+    model_dir: Path,
+    store: str,
+    *args: str,
+    rank: int = 0,
+    world: int = 1,
+    port: int = 0,
+    **env: str,
+) -> subprocess.Popen[str]:
+    """Start one boot of the real worker (rank ``rank`` of ``world``) on ``store``."""
+    child = child_env(
+        [REPO, *_extra_paths()],
+        PLANCACHE_URL=store,
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        **env,
+    )
+    command = [sys.executable, str(REAL_WORKER), "--model-dir", str(model_dir)]
+    command += ["--rank", str(rank), "--world-size", str(world), "--port", str(port or _port())]
+    return subprocess.Popen(
+        [*command, *args],
+        env=child,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def reports(*procs: subprocess.Popen[str]) -> Iterator[tuple[Report, str]]:
+    """Each boot's JSON report and its log (stdout and stderr), in order; every boot must exit
+    0 in time."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert proc.returncode == 0, stderr[-4000:]
+            yield json.loads(stdout.strip().splitlines()[-1]), stdout + stderr
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_single_rank_miss_hit_gate_explicit_and_xpu(model_dir: Path, tmp_path: Path) -> None:
+    """miss -> profile -> save; then a hit (memory profiling and the CUDA-graph estimate
+    skipped), a gate rejection, an explicit value, and a non-CUDA device (XPU: facts from
+    ``current_platform`` alone, capability None) miss then hit."""
+    cuda, explicit_store, xpu = (str(tmp_path / name) for name in ("cuda", "explicit", "xpu"))
+    seven = str(7 * GiB)
+    (miss, _), (explicit, _), (xpu_miss, _) = reports(
+        boot(model_dir, cuda, "--graphs"),
+        boot(model_dir, explicit_store, "--graphs", "--kv-bytes", seven),
+        boot(model_dir, xpu, "--graphs", "--device-kind", "xpu"),
+    )
+    (hit, hit_log), (gated, gated_log), (xpu_hit, _) = reports(
+        boot(model_dir, cuda, "--graphs"),
+        boot(model_dir, cuda, "--graphs", "--free-gib", "75"),
+        boot(model_dir, xpu, "--graphs", "--device-kind", "xpu"),
+    )
+
+    assert (miss["mode"], miss["reason"], miss["saved"]) == ("profiling", "miss", "created")
+    assert "cudagraph-estimate" in miss["events"]
+    assert miss["kv"] == miss["available_kv"] == 57284126311  # profiled: see real_worker.py
+    factors = miss["factors"]
+    assert (factors["device_name"], factors["device_capability"]) == ("Fake cuda GPU", "9.0")
+    assert factors["device_total_memory"] == 80 * GiB
+    assert factors["vllm"] == "0.33.0" and "disable_custom_all_reduce" in factors
+    assert miss["labels"]["model"] == str(model_dir)
+    assert miss["labels"]["tensor_parallel_size"] == 1
+    assert miss["labels"]["dtype"] == "bfloat16"  # as the CPU platform resolves float32
+
+    assert (hit["mode"], hit["reason"], hit["saved"]) == ("applied", "hit", None)
+    assert hit["kv"] == miss["kv"] and hit["available_kv"] is None
+    assert hit["events"] == ["profile_run"]  # no CUDA-graph estimate, no memory profiling
+    assert "applies plan" in hit_log and "memory profiling skipped" in hit_log
+
+    assert (gated["mode"], gated["reason"]) == ("profiling", "gate:free-memory-below-baseline")
+    assert "cudagraph-estimate" in gated["events"]
+    assert gated["available_kv"] == gated["kv"]  # profiled
+    assert "lookup gate:free-memory-below-baseline" in gated_log
+
+    assert (explicit["mode"], explicit["saved"]) == ("explicit", None)
+    assert explicit["kv"] == 7 * GiB and "cudagraph-estimate" not in explicit["events"]
+    assert not list(Path(explicit_store).rglob("*.json"))
+
+    assert (xpu_miss["mode"], xpu_miss["saved"]) == ("profiling", "created")
+    assert xpu_miss["factors"]["device_name"] == "Fake xpu GPU"
+    assert xpu_miss["factors"]["device_capability"] == ""
+    assert (xpu_hit["mode"], xpu_hit["kv"]) == ("applied", xpu_miss["kv"])
+
+
+def test_two_ranks_agree_late_rank_and_explicit_on_one_rank(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """TP=2 over gloo: miss on both ranks, then a hit with rank 1 arriving 4 s late (both
+    apply, the next world-group collective pairs); explicit on rank 0 only with no plan on
+    rank 1: no hang, an error naming the cause, the next collective pairs."""
+    tp, mixed = str(tmp_path / "tp"), str(tmp_path / "mixed")
+    first, second = _port(), _port()
+    results = list(
+        reports(
+            boot(model_dir, tp, rank=0, world=2, port=first),
+            boot(model_dir, tp, rank=1, world=2, port=first),
+            boot(model_dir, mixed, "--kv-bytes", str(7 * GiB), rank=0, world=2, port=second),
+            boot(model_dir, mixed, rank=1, world=2, port=second),
+        )
+    )
+    (miss0, _), (miss1, _), (mixed0, log0), (mixed1, log1) = results
+    assert [r["mode"] for r in (miss0, miss1)] == ["profiling", "profiling"]
+    assert [r["saved"] for r in (miss0, miss1)] == ["created", "created"]
+    assert miss0["tally"] == {"explicit": 0, "apply": 0, "profile": 2}
+    assert [r["world_allreduce"] for r in (miss0, miss1)] == [3, 3]
+    assert (mixed0["mode"], mixed1["mode"]) == ("explicit", "profiling")
+    assert [r["world_allreduce"] for r in (mixed0, mixed1)] == [3, 3]
+    for log in (log0, log1):
+        assert "explicit on 1 of 2 ranks while 1 must profile" in log
+    assert mixed0["cpu_timeout"] == "None"  # vLLM's default: gloo's own 30 min
+
+    third = _port()
+    (hit0, _), (hit1, _) = reports(
+        boot(model_dir, tp, rank=0, world=2, port=third),
+        boot(model_dir, tp, "--load-s", "4", rank=1, world=2, port=third),
+    )
+    assert [r["mode"] for r in (hit0, hit1)] == ["applied", "applied"]
+    assert hit0["tally"] == hit1["tally"] == {"explicit": 0, "apply": 2, "profile": 0}
+    assert [r["world_allreduce"] for r in (hit0, hit1)] == [3, 3]
+    assert hit0["times"]["determine"] > 2.0  # rank 0 waited in the vote for its late peer
+
+
+def test_plugin_cost_with_a_slow_remote_store(model_dir: Path, tmp_path: Path) -> None:
+    """S3 (moto) behind a loopback proxy that delays every request by 300 ms, weights that
+    take 1 s to load: the fetch overlaps the load, so the plugin adds next to nothing to
+    ``determine_available_memory`` on a hit, and the save adds next to nothing to
+    ``compile_or_warm_up_model`` on a miss."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (tox -e vllm)")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (tox -e vllm)")
+    from tests.vllm.slow_store import slow_s3
+
+    with slow_s3(delay_s=0.3) as (url, options):
+        opts = json.dumps(options)
+        flags = ("--graphs", "--load-s", "1")
+        [(miss, _)] = reports(
+            boot(model_dir, url, *flags, PLANCACHE_STORAGE_OPTIONS=opts, PLANCACHE_TIMEOUT="5")
+        )
+        [(hit, _)] = reports(
+            boot(model_dir, url, *flags, PLANCACHE_STORAGE_OPTIONS=opts, PLANCACHE_TIMEOUT="5")
+        )
+    assert (miss["mode"], miss["saved"], hit["mode"]) == ("profiling", "created", "applied")
+    costs = {
+        "miss: load_model": miss["costs"]["load_model"],
+        "miss: determine_available_memory": miss["costs"]["determine_available_memory"],
+        "miss: compile_or_warm_up_model (save)": miss["costs"]["compile_or_warm_up_model"],
+        "hit: load_model": hit["costs"]["load_model"],
+        "hit: determine_available_memory": hit["costs"]["determine_available_memory"],
+    }
+    print("\nplugin's critical-path cost, S3 +300 ms per request, 1 s weight load:")
+    for name, seconds in costs.items():
+        print(f"  {name}: {seconds * 1e3:.2f} ms")
+    assert costs["hit: determine_available_memory"] < 0.05
+    assert costs["miss: compile_or_warm_up_model (save)"] < 0.05
