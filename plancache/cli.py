@@ -169,7 +169,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if entry is None:
         raise CliError(f"plan {fp} was deleted meanwhile")
     if entry.plan is None:
-        sys.stdout.write(entry.raw.decode("utf-8", "replace") + "\n")
+        if entry.raw:
+            sys.stdout.write(entry.raw.decode("utf-8", "replace") + "\n")
         print(f"plancache: invalid record {fp}: {entry.error}", file=sys.stderr)
         return 1
     p = entry.plan

@@ -79,8 +79,13 @@ def _parallel(
 
 
 def read_entry(store: PlanStore, fp: str) -> Entry | None:
-    """The record under ``fp``, checked against every rule of the format; None if absent."""
-    raw = store.read_raw(fp)
+    """The record under ``fp``, checked against every rule of the format; None if absent.
+    An entry that is no record at all (a local FIFO, directory or symbolic link named like a
+    plan, never opened) is an invalid entry without bytes."""
+    try:
+        raw = store.read_raw(fp)
+    except InvalidPlanError as exc:
+        return Entry(fp, b"", None, str(exc))
     if raw is None:
         return None
     try:
