@@ -1,30 +1,39 @@
 """The ``plancache`` command: see what a store holds, check it, copy it and prune it.
 
 Every subcommand opens the store it names (or ``PLANCACHE_URL``) directly, without the local
-tier, so what it shows is what that store itself holds. The work is done by
+tier, so what it shows is what that store itself holds (a remote store opens on first use,
+waiting at most ``LazyStore.open_timeout`` for its client). The work is done by
 ``plancache.inventory``; this module parses arguments and prints. Expected failures print
 one line, ``plancache: error: ...``, and exit 2; ``--debug`` adds the traceback.
+
+A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
+error line and exit 2, whatever a call is stuck in; the executable then exits at once,
+without waiting for the threads such a call left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from plancache import __version__, inventory
 from plancache.backends import open_store
+from plancache.backends.lazy import open_lazily
 from plancache.backends.local import LocalStore
 from plancache.config import Settings, is_remote, parse_storage_options
+from plancache.defaults import MAX_SECONDS
 from plancache.display import Progress, age, gib, plural, print_json, print_table, size, when
 from plancache.errors import ConfigError, InvalidPlanError, PlanStoreError
 from plancache.fingerprint import fingerprint
@@ -36,10 +45,17 @@ from plancache.store import PlanStore
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
 """Failures reported as one line and exit 2 (ConfigError and InvalidPlanError are ValueErrors)."""
 
+DEFAULT_TIMEOUT_S = MAX_SECONDS
+"""Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
+of a single call (a whole listing, ``ObjectStore.list_timeout``)."""
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _OPTION_ARGS = ("storage_options", "src_opts", "dst_opts")
 _DEBUG_HELP = "show the traceback of an error"
+_TIMEOUT_HELP = (
+    f"most time the whole command may take: seconds, or 10m, 2h (default: {DEFAULT_TIMEOUT_S:g})"
+)
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
 _COMMAND_HELP = {
@@ -69,6 +85,17 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def parse_timeout(text: str) -> float:
+    """``90``, ``90s``, ``10m`` or ``2h`` as a positive number of seconds (argparse type)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive time bound")
+    return seconds
+
+
 def _open(
     args: argparse.Namespace,
     url: str | None,
@@ -80,8 +107,9 @@ def _open(
 ) -> PlanStore:
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``options`` (the JSON given to ``flag``),
     else ``--storage-options`` (unless ``shared_for_local`` is False and the store is local),
-    else, for a remote store, those of the environment; ``main`` closes it. A local store
-    that must exist but does not is an error."""
+    else, for a remote store, those of the environment; ``main`` closes it. A remote store
+    opens on first use (``open_lazily``). A local store that must exist but does not is an
+    error."""
     settings = Settings.from_env() if url is None else None
     url = settings.url if settings is not None else url
     assert url is not None
@@ -92,7 +120,8 @@ def _open(
         storage_options = parse_storage_options(options, flag)
     elif is_remote(url):
         storage_options = dict((settings or Settings.from_env()).storage_options)
-    store = open_store(url, **storage_options)
+    opener = open_lazily if is_remote(url) else open_store
+    store = opener(url, **storage_options)
     args.opened.append(store)
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
@@ -328,8 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--storage-options", metavar="JSON", help=_OPTIONS_HELP)
+    parser.add_argument(
+        "--timeout", type=parse_timeout, default=DEFAULT_TIMEOUT_S, metavar="T", help=_TIMEOUT_HELP
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    common.add_argument(
+        "--timeout", type=parse_timeout, default=argparse.SUPPRESS, metavar="T", help=_TIMEOUT_HELP
+    )
     common.add_argument(
         "--storage-options", metavar="JSON", default=argparse.SUPPRESS, help=_OPTIONS_HELP
     )
@@ -389,8 +424,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors)."""
+    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors). The
+    command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
+    returns 2 without waiting for it."""
     args = build_parser().parse_args(argv)
+    status: list[int] = []
+    command = threading.Thread(
+        target=lambda: status.append(_run(args)), name="plancache-command", daemon=True
+    )
+    command.start()
+    try:
+        command.join(args.timeout)
+    except KeyboardInterrupt:
+        return 130
+    if command.is_alive():
+        _report(f"{args.command}: not done within {args.timeout:g} s", args)
+        return 2
+    return status[0]
+
+
+def console() -> NoReturn:
+    """The ``plancache`` executable: ``main()``, then exit at once with its status, without
+    waiting for any thread a stuck call left behind (output flushed first)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` name; its exit status. Failures print one error line (with
+    ``--debug``, the traceback before it) and return 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
     try:
@@ -402,12 +467,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EXPECTED_ERRORS as exc:
         if args.debug:
             traceback.print_exc()
-        message = str(exc) or type(exc).__name__
-        print(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
+        _report(str(exc) or type(exc).__name__, args)
         return 2
-    except KeyboardInterrupt:
-        return 130
     finally:
         for store in args.opened:
             with contextlib.suppress(*EXPECTED_ERRORS):
                 store.close()
+
+
+def _report(message: str, args: argparse.Namespace) -> None:
+    """Print ``message`` as the command's one error line."""
+    print(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
