@@ -43,7 +43,8 @@ from plancache.redaction import scrub, secret_values
 from plancache.store import PlanStore
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
-"""Failures reported as one line and exit 2 (ConfigError and InvalidPlanError are ValueErrors)."""
+"""Failures whose message alone is the error line (ConfigError and InvalidPlanError are
+ValueErrors); the line of any other names the exception's type too. Every failure exits 2."""
 
 DEFAULT_TIMEOUT_S = MAX_SECONDS
 """Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
@@ -63,8 +64,8 @@ _COMMAND_HELP = {
     "show": "show a whole record, factors included, by fingerprint or unique prefix",
     "verify": "check every record against the format's rules; exit 1 if any is invalid",
     "rm": "delete plans by fingerprint or unique prefix",
-    "prune": "drop observations older than an age (a plan left with none is deleted), and "
-    "abandoned temp files of local stores",
+    "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
+    "with none is deleted), and abandoned temp files of local stores",
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
     "stats": "plan count, bytes, oldest and newest plan, devices seen",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
@@ -264,11 +265,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
     verb = "would drop" if args.dry_run else "dropped"
     for p in result.plans:
-        old = sum(now - o.created_at > args.older_than for o in p.observations)
+        old = sum(inventory.prunable(o.created_at, args.older_than, now) for o in p.observations)
         print(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+    limit = age(args.older_than)
     summary = (
-        f"{verb} {plural(result.observations, 'observation')} older than "
-        f"{age(args.older_than)} in {store.url}, "
+        f"{verb} {plural(result.observations, 'observation')} older than {limit}"
+        + (f" ({result.ahead} dated over {limit} ahead)" if result.ahead else "")
+        + f" in {store.url}, "
         f"{'would delete' if args.dry_run else 'deleted'} {plural(result.deleted, 'plan')}"
     )
     if result.temp_files is not None:
@@ -454,8 +457,8 @@ def console() -> NoReturn:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the command ``args`` name; its exit status. Failures print one error line (with
-    ``--debug``, the traceback before it) and return 2."""
+    """Run the command ``args`` name; its exit status. Any failure prints one error line
+    (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
     try:
@@ -464,10 +467,13 @@ def _run(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except EXPECTED_ERRORS as exc:
+    except Exception as exc:  # anything else: one line, whatever raised it
         if args.debug:
-            traceback.print_exc()
-        _report(str(exc) or type(exc).__name__, args)
+            print(_scrub("".join(traceback.format_exception(exc)), args), end="", file=sys.stderr)
+        text = str(exc)
+        if not (text and isinstance(exc, EXPECTED_ERRORS)):
+            text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        _report(text, args)
         return 2
     finally:
         for store in args.opened:

@@ -36,9 +36,9 @@ def age(seconds: float) -> str:
 
 
 def when(ts: float, now: float) -> str:
-    """``2024-05-01 12:00:00 UTC (3d ago)``."""
+    """``2024-05-01 12:00:00 UTC (3d ago)``, or ``(3d ahead)`` for a time after ``now``."""
     stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"{stamp} ({age(now - ts)} ago)"
+    return f"{stamp} ({age(now - ts)} ago)" if ts <= now else f"{stamp} ({age(ts - now)} ahead)"
 
 
 def size(n: int) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from plancache.testing import child_env
-from tests.hostile import ScriptedServer
+from tests.hostile import ScriptedServer, fixed
 from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
 
 COMMAND_BOUND_S = 30.0
@@ -79,3 +79,17 @@ def test_an_unexpected_listing_answer_is_one_error_line(
         for name, args in every_listing_command(backend, server.endpoint, tmp_path).items():
             result, _ = plancache(*args)
             assert "unexpected answer from the endpoint" in one_error_line(result), name
+
+
+def test_an_unexpected_failure_is_one_error_line_and_debug_shows_it_scrubbed() -> None:
+    secret = "hunter2-not-for-logs"
+    with ScriptedServer(fixed(500, b"failing")) as server:
+        host = server.endpoint.removeprefix("http://")
+        for url in (f"http://{host}/p?token={secret}", f"http://user:{secret}@{host}/p"):
+            result, _ = plancache("ls", url)
+            assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+            assert result.stderr.splitlines()[-1].startswith("plancache: error: ")
+            assert secret not in result.stdout + result.stderr
+            debug, _ = plancache("--debug", "ls", url)
+            assert debug.returncode == 2 and "Traceback" in debug.stderr
+            assert secret not in debug.stdout + debug.stderr, debug.stderr
