@@ -34,7 +34,18 @@ from plancache.backends.lazy import open_lazily
 from plancache.backends.local import LocalStore
 from plancache.config import Settings, is_remote, parse_storage_options
 from plancache.defaults import MAX_SECONDS
-from plancache.display import Progress, age, gib, plural, print_json, print_table, size, when
+from plancache.display import (
+    Progress,
+    age,
+    echo,
+    gib,
+    plural,
+    print_json,
+    print_table,
+    printable,
+    size,
+    when,
+)
 from plancache.errors import ConfigError, InvalidPlanError, PlanStoreError
 from plancache.fingerprint import fingerprint
 from plancache.inventory import device
@@ -184,10 +195,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         headers = ["FINGERPRINT", "MODEL", "DEVICE", "OBS", "MAX KV GiB", "MIN BASELINE GiB"]
         print_table([*headers, "AGE", "HOST"], rows, right={3, 4, 5, 6})
     if invalid:
-        print("invalid records (never applied; `plancache verify --fix` deletes them):")
+        echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
-            print(f"  {e.fingerprint[:12]}  {e.error}")
-    print(f"{plural(len(valid), 'plan')}, {len(invalid)} invalid, in {store.url}")
+            echo(f"  {e.fingerprint[:12]}  {e.error}")
+    echo(f"{plural(len(valid), 'plan')}, {len(invalid)} invalid, in {store.url}")
     return 0
 
 
@@ -199,20 +210,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     if entry is None:
         raise CliError(f"plan {fp} was deleted meanwhile")
     if entry.plan is None:
-        if entry.raw:
-            sys.stdout.write(entry.raw.decode("utf-8", "replace") + "\n")
-        print(f"plancache: invalid record {fp}: {entry.error}", file=sys.stderr)
+        for line in entry.raw.decode("utf-8", "replace").splitlines():
+            echo(line)
+        echo(f"plancache: invalid record {fp}: {entry.error}", file=sys.stderr)
         return 1
     p = entry.plan
     if args.json:
         print_json(p.to_dict())
         return 0
     now = time.time()
-    width = max(len(k) for k in p.factors) if p.factors else 0
-    print(f"fingerprint  {p.fingerprint}")
-    print(f"model        {inventory.model(p)}")
-    print(f"store        {store.url}")
-    print(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
+    factors = {printable(k): v for k, v in p.factors.items()}
+    width = max(map(len, factors), default=0)
+    echo(f"fingerprint  {p.fingerprint}")
+    echo(f"model        {inventory.model(p)}")
+    echo(f"store        {store.url}")
+    echo(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
     rows = [
         [
             gib(o.free_memory_baseline),
@@ -224,13 +236,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     ]
     print_table(["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"], rows, right={0, 1})
     if p.labels:
-        print("labels")
-        label_width = max(len(k) for k in p.labels)
-        for key in sorted(p.labels):
-            print(f"  {key.ljust(label_width)}  {orjson.dumps(p.labels[key]).decode()}")
-    print("factors")
-    for key in sorted(p.factors):
-        print(f"  {key.ljust(width)}  {orjson.dumps(p.factors[key]).decode()}")
+        echo("labels")
+        labels = {printable(k): v for k, v in p.labels.items()}
+        label_width = max(map(len, labels))
+        for key in sorted(labels):
+            echo(f"  {key.ljust(label_width)}  {orjson.dumps(labels[key]).decode()}")
+    echo("factors")
+    for key in sorted(factors):
+        echo(f"  {key.ljust(width)}  {orjson.dumps(factors[key]).decode()}")
     return 0
 
 
@@ -239,13 +252,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = _open(args, args.url)
     result = inventory.verify(store, fix=args.fix)
     for e in result.other_schema:
-        print(f"{e.fingerprint}  {e.error} (another version's record: kept)")
+        echo(f"{e.fingerprint}  {e.error} (another version's record: kept)")
     for f in result.findings:
         note = "" if f.fix is None else f"  ({f.fix})"
-        print(f"{f.entry.fingerprint}  {f.entry.error}{note}")
+        echo(f"{f.entry.fingerprint}  {f.entry.error}{note}")
     bad = len(result.findings)
     summary = f"{plural(result.checked, 'record')} checked in {store.url}: {bad} invalid"
-    print(summary + (f", {result.deleted} deleted" if args.fix else ""))
+    echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
     return 1 if bad and not args.fix else 0
 
 
@@ -253,7 +266,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """Delete plans by fingerprint or unique prefix; every prefix is resolved first."""
     store = _open(args, args.url)
     for fp, deleted in inventory.remove(store, args.fingerprints):
-        print(f"deleted {fp}" if deleted else f"already gone {fp}")
+        echo(f"deleted {fp}" if deleted else f"already gone {fp}")
     return 0
 
 
@@ -266,7 +279,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     verb = "would drop" if args.dry_run else "dropped"
     for p in result.plans:
         old = sum(inventory.prunable(o.created_at, args.older_than, now) for o in p.observations)
-        print(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+        echo(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
     limit = age(args.older_than)
     summary = (
         f"{verb} {plural(result.observations, 'observation')} older than {limit}"
@@ -281,7 +294,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if result.invalid:
         left = plural(result.invalid, "invalid record")
         summary += f"; {left} left (`plancache verify --fix` deletes them)"
-    print(summary)
+    echo(summary)
     return 0
 
 
@@ -299,7 +312,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     )
     progress = Progress(sys.stderr, "copying").update if sys.stderr.isatty() else None
     c = inventory.copy(src, dst, progress=progress)
-    print(
+    echo(
         f"copied {src.url} -> {dst.url}: {c.created} created, {c.replaced} replaced, "
         f"{c.kept} kept, {c.invalid} invalid skipped"
         + (f", {c.vanished} deleted meanwhile" if c.vanished else "")
@@ -315,12 +328,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print_json(s)
         return 0
     now = time.time()
-    print(f"store    {s.url}")
-    print(f"plans    {s.plans} ({s.invalid} invalid)")
-    print(f"bytes    {size(s.bytes)}")
-    print(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
-    print(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
-    print(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
+    echo(f"store    {s.url}")
+    echo(f"plans    {s.plans} ({s.invalid} invalid)")
+    echo(f"bytes    {size(s.bytes)}")
+    echo(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
+    echo(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
+    echo(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
     return 0
 
 
@@ -344,8 +357,8 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
         encoding = canonical(obj)
     except InvalidPlanError as exc:
         raise CliError(f"{label}: {exc}") from None
-    print(fingerprint(obj))
-    print(encoding.decode())
+    echo(fingerprint(obj))
+    echo(encoding.decode())
     return 0
 
 
@@ -469,7 +482,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except Exception as exc:  # anything else: one line, whatever raised it
         if args.debug:
-            print(_scrub("".join(traceback.format_exception(exc)), args), end="", file=sys.stderr)
+            for line in _scrub("".join(traceback.format_exception(exc)), args).splitlines():
+                echo(line, file=sys.stderr)
         text = str(exc)
         if not (text and isinstance(exc, EXPECTED_ERRORS)):
             text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -483,4 +497,4 @@ def _run(args: argparse.Namespace) -> int:
 
 def _report(message: str, args: argparse.Namespace) -> None:
     """Print ``message`` as the command's one error line."""
-    print(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
+    echo(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
