@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from plancache import Plan, fingerprint, open_store
-from plancache.plan import Observation
+from plancache.plan import Observation, Scalar
 from plancache.testing import GiB, child_env
 from tests.cli.helpers import write_raw
 from tests.hostile import ScriptedServer, fixed
@@ -36,7 +36,11 @@ def _out(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_control_characters_are_escaped_in_every_line(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    factors = {"model": f"m{HOSTILE}", "device_name": f"GPU{HOSTILE}", f"k{HOSTILE}": 1}
+    factors: dict[str, Scalar] = {
+        "model": f"m{HOSTILE}",
+        "device_name": f"GPU{HOSTILE}",
+        f"k{HOSTILE}": 1,
+    }
     obs = Observation(GiB, 2 * GiB, 1.0, {"host": f"h{HOSTILE}", f"p{HOSTILE}": HOSTILE})
     plan = Plan(fingerprint(factors), factors, (obs,), {"model": HOSTILE, f"l{HOSTILE}": 1})
     open_store(str(root)).put(plan)
