@@ -3,8 +3,9 @@
 Every subcommand opens the store it names (or ``PLANCACHE_URL``) directly, without the local
 tier, so what it shows is what that store itself holds (a remote store opens on first use,
 waiting at most ``LazyStore.open_timeout`` for its client). The work is done by
-``plancache.inventory``; this module parses arguments and prints. Expected failures print
-one line, ``plancache: error: ...``, and exit 2; ``--debug`` adds the traceback.
+``plancache.inventory``; this module parses arguments and prints (through
+``display.echo``: control characters escaped). Every failure prints one line,
+``plancache: error: ...``, and exits 2; ``--debug`` adds the traceback (secrets masked).
 
 A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
 error line and exit 2, whatever a call is stuck in; the executable then exits at once,
