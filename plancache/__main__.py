@@ -1,5 +1,5 @@
 """``python -m plancache``: the ``plancache`` command."""
 
-from plancache.cli import main
+from plancache.cli import console
 
-raise SystemExit(main())
+console()

@@ -1,31 +1,52 @@
 """The ``plancache`` command: see what a store holds, check it, copy it and prune it.
 
 Every subcommand opens the store it names (or ``PLANCACHE_URL``) directly, without the local
-tier, so what it shows is what that store itself holds. The work is done by
-``plancache.inventory``; this module parses arguments and prints. Expected failures print
-one line, ``plancache: error: ...``, and exit 2; ``--debug`` adds the traceback.
+tier, so what it shows is what that store itself holds (a remote store opens on first use,
+waiting at most ``LazyStore.open_timeout`` for its client). The work is done by
+``plancache.inventory``; this module parses arguments and prints (through
+``display.echo``: control characters escaped). Every failure prints one line,
+``plancache: error: ...``, and exits 2; ``--debug`` adds the traceback (secrets masked).
+
+A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
+error line and exit 2, whatever a call is stuck in; the executable then exits at once,
+without waiting for the threads such a call left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from plancache import __version__, inventory
 from plancache.backends import open_store
+from plancache.backends.lazy import open_lazily
 from plancache.backends.local import LocalStore
 from plancache.config import Settings, is_remote, parse_storage_options
-from plancache.display import Progress, age, gib, plural, print_json, print_table, size, when
+from plancache.defaults import MAX_SECONDS
+from plancache.display import (
+    Progress,
+    age,
+    echo,
+    gib,
+    plural,
+    print_json,
+    print_table,
+    printable,
+    size,
+    when,
+)
 from plancache.errors import ConfigError, InvalidPlanError, PlanStoreError
 from plancache.fingerprint import fingerprint
 from plancache.inventory import device
@@ -34,12 +55,20 @@ from plancache.redaction import scrub, secret_values
 from plancache.store import PlanStore
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
-"""Failures reported as one line and exit 2 (ConfigError and InvalidPlanError are ValueErrors)."""
+"""Failures whose message alone is the error line (ConfigError and InvalidPlanError are
+ValueErrors); the line of any other names the exception's type too. Every failure exits 2."""
+
+DEFAULT_TIMEOUT_S = MAX_SECONDS
+"""Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
+of a single call (a whole listing, ``ObjectStore.list_timeout``)."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _OPTION_ARGS = ("storage_options", "src_opts", "dst_opts")
 _DEBUG_HELP = "show the traceback of an error"
+_TIMEOUT_HELP = (
+    f"most time the whole command may take: seconds, or 10m, 2h (default: {DEFAULT_TIMEOUT_S:g})"
+)
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
 _COMMAND_HELP = {
@@ -47,8 +76,8 @@ _COMMAND_HELP = {
     "show": "show a whole record, factors included, by fingerprint or unique prefix",
     "verify": "check every record against the format's rules; exit 1 if any is invalid",
     "rm": "delete plans by fingerprint or unique prefix",
-    "prune": "drop observations older than an age (a plan left with none is deleted), and "
-    "abandoned temp files of local stores",
+    "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
+    "with none is deleted), and abandoned temp files of local stores",
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
     "stats": "plan count, bytes, oldest and newest plan, devices seen",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
@@ -69,6 +98,17 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def parse_timeout(text: str) -> float:
+    """``90``, ``90s``, ``10m`` or ``2h`` as a positive number of seconds (argparse type)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive time bound")
+    return seconds
+
+
 def _open(
     args: argparse.Namespace,
     url: str | None,
@@ -80,8 +120,9 @@ def _open(
 ) -> PlanStore:
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``options`` (the JSON given to ``flag``),
     else ``--storage-options`` (unless ``shared_for_local`` is False and the store is local),
-    else, for a remote store, those of the environment; ``main`` closes it. A local store
-    that must exist but does not is an error."""
+    else, for a remote store, those of the environment; ``main`` closes it. A remote store
+    opens on first use (``open_lazily``). A local store that must exist but does not is an
+    error."""
     settings = Settings.from_env() if url is None else None
     url = settings.url if settings is not None else url
     assert url is not None
@@ -92,7 +133,8 @@ def _open(
         storage_options = parse_storage_options(options, flag)
     elif is_remote(url):
         storage_options = dict((settings or Settings.from_env()).storage_options)
-    store = open_store(url, **storage_options)
+    opener = open_lazily if is_remote(url) else open_store
+    store = opener(url, **storage_options)
     args.opened.append(store)
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
@@ -154,10 +196,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         headers = ["FINGERPRINT", "MODEL", "DEVICE", "OBS", "MAX KV GiB", "MIN BASELINE GiB"]
         print_table([*headers, "AGE", "HOST"], rows, right={3, 4, 5, 6})
     if invalid:
-        print("invalid records (never applied; `plancache verify --fix` deletes them):")
+        echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
-            print(f"  {e.fingerprint[:12]}  {e.error}")
-    print(f"{plural(len(valid), 'plan')}, {len(invalid)} invalid, in {store.url}")
+            echo(f"  {e.fingerprint[:12]}  {e.error}")
+    echo(f"{plural(len(valid), 'plan')}, {len(invalid)} invalid, in {store.url}")
     return 0
 
 
@@ -169,19 +211,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     if entry is None:
         raise CliError(f"plan {fp} was deleted meanwhile")
     if entry.plan is None:
-        sys.stdout.write(entry.raw.decode("utf-8", "replace") + "\n")
-        print(f"plancache: invalid record {fp}: {entry.error}", file=sys.stderr)
+        for line in entry.raw.decode("utf-8", "replace").splitlines():
+            echo(line)
+        echo(f"plancache: invalid record {fp}: {entry.error}", file=sys.stderr)
         return 1
     p = entry.plan
     if args.json:
         print_json(p.to_dict())
         return 0
     now = time.time()
-    width = max(len(k) for k in p.factors) if p.factors else 0
-    print(f"fingerprint  {p.fingerprint}")
-    print(f"model        {inventory.model(p)}")
-    print(f"store        {store.url}")
-    print(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
+    factors = {printable(k): v for k, v in p.factors.items()}
+    width = max(map(len, factors), default=0)
+    echo(f"fingerprint  {p.fingerprint}")
+    echo(f"model        {inventory.model(p)}")
+    echo(f"store        {store.url}")
+    echo(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
     rows = [
         [
             gib(o.free_memory_baseline),
@@ -193,13 +237,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     ]
     print_table(["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"], rows, right={0, 1})
     if p.labels:
-        print("labels")
-        label_width = max(len(k) for k in p.labels)
-        for key in sorted(p.labels):
-            print(f"  {key.ljust(label_width)}  {orjson.dumps(p.labels[key]).decode()}")
-    print("factors")
-    for key in sorted(p.factors):
-        print(f"  {key.ljust(width)}  {orjson.dumps(p.factors[key]).decode()}")
+        echo("labels")
+        labels = {printable(k): v for k, v in p.labels.items()}
+        label_width = max(map(len, labels))
+        for key in sorted(labels):
+            echo(f"  {key.ljust(label_width)}  {orjson.dumps(labels[key]).decode()}")
+    echo("factors")
+    for key in sorted(factors):
+        echo(f"  {key.ljust(width)}  {orjson.dumps(factors[key]).decode()}")
     return 0
 
 
@@ -208,13 +253,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = _open(args, args.url)
     result = inventory.verify(store, fix=args.fix)
     for e in result.other_schema:
-        print(f"{e.fingerprint}  {e.error} (another version's record: kept)")
+        echo(f"{e.fingerprint}  {e.error} (another version's record: kept)")
     for f in result.findings:
         note = "" if f.fix is None else f"  ({f.fix})"
-        print(f"{f.entry.fingerprint}  {f.entry.error}{note}")
+        echo(f"{f.entry.fingerprint}  {f.entry.error}{note}")
     bad = len(result.findings)
     summary = f"{plural(result.checked, 'record')} checked in {store.url}: {bad} invalid"
-    print(summary + (f", {result.deleted} deleted" if args.fix else ""))
+    echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
     return 1 if bad and not args.fix else 0
 
 
@@ -222,7 +267,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """Delete plans by fingerprint or unique prefix; every prefix is resolved first."""
     store = _open(args, args.url)
     for fp, deleted in inventory.remove(store, args.fingerprints):
-        print(f"deleted {fp}" if deleted else f"already gone {fp}")
+        echo(f"deleted {fp}" if deleted else f"already gone {fp}")
     return 0
 
 
@@ -234,11 +279,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
     verb = "would drop" if args.dry_run else "dropped"
     for p in result.plans:
-        old = sum(now - o.created_at > args.older_than for o in p.observations)
-        print(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+        old = sum(inventory.prunable(o.created_at, args.older_than, now) for o in p.observations)
+        echo(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+    limit = age(args.older_than)
     summary = (
-        f"{verb} {plural(result.observations, 'observation')} older than "
-        f"{age(args.older_than)} in {store.url}, "
+        f"{verb} {plural(result.observations, 'observation')} older than {limit}"
+        + (f" ({result.ahead} dated over {limit} ahead)" if result.ahead else "")
+        + f" in {store.url}, "
         f"{'would delete' if args.dry_run else 'deleted'} {plural(result.deleted, 'plan')}"
     )
     if result.temp_files is not None:
@@ -248,7 +295,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if result.invalid:
         left = plural(result.invalid, "invalid record")
         summary += f"; {left} left (`plancache verify --fix` deletes them)"
-    print(summary)
+    echo(summary)
     return 0
 
 
@@ -266,7 +313,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     )
     progress = Progress(sys.stderr, "copying").update if sys.stderr.isatty() else None
     c = inventory.copy(src, dst, progress=progress)
-    print(
+    echo(
         f"copied {src.url} -> {dst.url}: {c.created} created, {c.replaced} replaced, "
         f"{c.kept} kept, {c.invalid} invalid skipped"
         + (f", {c.vanished} deleted meanwhile" if c.vanished else "")
@@ -282,12 +329,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print_json(s)
         return 0
     now = time.time()
-    print(f"store    {s.url}")
-    print(f"plans    {s.plans} ({s.invalid} invalid)")
-    print(f"bytes    {size(s.bytes)}")
-    print(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
-    print(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
-    print(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
+    echo(f"store    {s.url}")
+    echo(f"plans    {s.plans} ({s.invalid} invalid)")
+    echo(f"bytes    {size(s.bytes)}")
+    echo(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
+    echo(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
+    echo(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
     return 0
 
 
@@ -311,8 +358,8 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
         encoding = canonical(obj)
     except InvalidPlanError as exc:
         raise CliError(f"{label}: {exc}") from None
-    print(fingerprint(obj))
-    print(encoding.decode())
+    echo(fingerprint(obj))
+    echo(encoding.decode())
     return 0
 
 
@@ -327,8 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--storage-options", metavar="JSON", help=_OPTIONS_HELP)
+    parser.add_argument(
+        "--timeout", type=parse_timeout, default=DEFAULT_TIMEOUT_S, metavar="T", help=_TIMEOUT_HELP
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    common.add_argument(
+        "--timeout", type=parse_timeout, default=argparse.SUPPRESS, metavar="T", help=_TIMEOUT_HELP
+    )
     common.add_argument(
         "--storage-options", metavar="JSON", default=argparse.SUPPRESS, help=_OPTIONS_HELP
     )
@@ -388,8 +441,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors)."""
+    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors). The
+    command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
+    returns 2 without waiting for it."""
     args = build_parser().parse_args(argv)
+    status: list[int] = []
+    command = threading.Thread(
+        target=lambda: status.append(_run(args)), name="plancache-command", daemon=True
+    )
+    command.start()
+    try:
+        command.join(args.timeout)
+    except KeyboardInterrupt:
+        return 130
+    if command.is_alive():
+        _report(f"{args.command}: not done within {args.timeout:g} s", args)
+        return 2
+    return status[0]
+
+
+def console() -> NoReturn:
+    """The ``plancache`` executable: ``main()``, then exit at once with its status, without
+    waiting for any thread a stuck call left behind (output flushed first)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` name; its exit status. Any failure prints one error line
+    (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
     try:
@@ -398,15 +481,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except EXPECTED_ERRORS as exc:
+    except Exception as exc:  # anything else: one line, whatever raised it
         if args.debug:
-            traceback.print_exc()
-        message = str(exc) or type(exc).__name__
-        print(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
+            for line in _scrub("".join(traceback.format_exception(exc)), args).splitlines():
+                echo(line, file=sys.stderr)
+        text = str(exc)
+        if not (text and isinstance(exc, EXPECTED_ERRORS)):
+            text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        _report(text, args)
         return 2
-    except KeyboardInterrupt:
-        return 130
     finally:
         for store in args.opened:
             with contextlib.suppress(*EXPECTED_ERRORS):
                 store.close()
+
+
+def _report(message: str, args: argparse.Namespace) -> None:
+    """Print ``message`` as the command's one error line."""
+    echo(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)

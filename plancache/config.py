@@ -13,7 +13,6 @@ fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itse
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Mapping
@@ -129,11 +128,9 @@ class Settings:
         store opens on first use (a ``LazyStore``: each use waits at most its ``open_timeout``),
         so that the local tier answers without waiting for the remote client."""
         if is_remote(self.url):
-            from plancache.backends.lazy import LazyStore
+            from plancache.backends.lazy import open_lazily
 
-            store: PlanStore = LazyStore(
-                self.url, functools.partial(open_store, self.url, **self.storage_options)
-            )
+            store: PlanStore = open_lazily(self.url, **self.storage_options)
         else:
             store = open_store(self.url, **self.storage_options)
         if self.local_tier is None and not self.read_only:

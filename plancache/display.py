@@ -1,5 +1,9 @@
 """How the ``plancache`` command shows things to people: counts, sizes, ages, tables and a
-progress bar. Nothing here reads a store."""
+progress bar. Nothing here reads a store.
+
+Every line of text goes out through ``echo`` or ``print_table``, which show characters that
+are not printable (terminal controls in a label, a producer or an endpoint's message) as
+escapes (``printable``); JSON output escapes control characters as JSON does."""
 
 from __future__ import annotations
 
@@ -13,6 +17,22 @@ import orjson
 
 PROGRESS_MIN = 20
 """Work on more items than this shows a progress bar."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that ``str.isprintable`` rejects (control and format
+    characters, separators other than the space: what could move the cursor, clear the
+    screen, set a title or reorder text) written as its escape: ``\\x1b``, ``\\r``,
+    ``\\u202e``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def echo(line: str = "", *, file: TextIO | None = None) -> None:
+    """Print ``line``, ``printable`` (a newline in it too: it stays one line), on stdout
+    unless ``file`` is given."""
+    print(printable(line), file=sys.stdout if file is None else file)
 
 
 def plural(count: int, noun: str) -> str:
@@ -36,9 +56,9 @@ def age(seconds: float) -> str:
 
 
 def when(ts: float, now: float) -> str:
-    """``2024-05-01 12:00:00 UTC (3d ago)``."""
+    """``2024-05-01 12:00:00 UTC (3d ago)``, or ``(3d ahead)`` for a time after ``now``."""
     stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"{stamp} ({age(now - ts)} ago)"
+    return f"{stamp} ({age(now - ts)} ago)" if ts <= now else f"{stamp} ({age(ts - now)} ahead)"
 
 
 def size(n: int) -> str:
@@ -59,9 +79,11 @@ def print_json(data: object) -> None:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> None:
-    """Aligned columns on stdout; the columns in ``right`` are right-aligned (numbers)."""
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    for row in [headers, *rows]:
+    """Aligned columns on stdout, each cell ``printable``; the columns in ``right`` are
+    right-aligned (numbers)."""
+    lines = [[printable(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(headers))]
+    for row in lines:
         cells = [
             c.rjust(w) if i in right else c.ljust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))

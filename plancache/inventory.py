@@ -79,8 +79,13 @@ def _parallel(
 
 
 def read_entry(store: PlanStore, fp: str) -> Entry | None:
-    """The record under ``fp``, checked against every rule of the format; None if absent."""
-    raw = store.read_raw(fp)
+    """The record under ``fp``, checked against every rule of the format; None if absent.
+    An entry that is no record at all (a local FIFO, directory or symbolic link named like a
+    plan, never opened) is an invalid entry without bytes."""
+    try:
+        raw = store.read_raw(fp)
+    except InvalidPlanError as exc:
+        return Entry(fp, b"", None, str(exc))
     if raw is None:
         return None
     try:
@@ -243,6 +248,13 @@ def copy(
     )
 
 
+def prunable(created_at: float, older_than: float, now: float) -> bool:
+    """True for a time ``prune`` forgets: more than ``older_than`` seconds before ``now``, or
+    more than that after it (a clock that far ahead would keep an observation forever; the
+    small skews of a fleet's clocks are kept)."""
+    return abs(now - created_at) > older_than
+
+
 @dataclass(frozen=True)
 class Pruning:
     """The outcome of ``prune``."""
@@ -252,6 +264,8 @@ class Pruning:
     fingerprint order."""
     observations: int
     """Observations dropped (or that would be)."""
+    ahead: int
+    """Of those, the ones dated more than ``older_than`` after the time of pruning."""
     deleted: int
     """Records deleted because none of their observations was left (or that would be)."""
     temp_files: int | None
@@ -268,22 +282,22 @@ def prune(
     store: PlanStore, older_than: float, *, dry_run: bool = False, now: float | None = None
 ) -> Pruning:
     """Drop the observations created more than ``older_than`` seconds before ``now``
-    (default: the current time), through the store's compare-and-swap (``rewrite``), so
-    that observations written since are kept, and the tombstones of observations created
-    before that time (an older copy of one is pruned anyway); a record is deleted only when
-    none of its observations and tombstones is left. On a local store, also the temp files
-    killed writers left, and the crash marks older than ``older_than``."""
-    cutoff = (time.time() if now is None else now) - older_than
+    (default: the current time), or dated more than that after it (``prunable``), through
+    the store's compare-and-swap (``rewrite``), so that observations written since are kept,
+    and the tombstones of observations so dated (a copy of one is pruned anyway); a record is
+    deleted only when none of its observations and tombstones is left. On a local store,
+    also the temp files killed writers left, and the crash marks older than ``older_than``."""
+    at = time.time() if now is None else now
 
     def fresh(o: Observation) -> bool:
-        return o.created_at >= cutoff
+        return not prunable(o.created_at, older_than, at)
 
-    def recent(t: Tombstone) -> bool:  # an older copy of its observation is pruned anyway
-        return t.created_at >= cutoff
+    def recent(t: Tombstone) -> bool:  # a copy of its observation is pruned anyway
+        return not prunable(t.created_at, older_than, at)
 
     entries = scan(store)
     pruned: list[Plan] = []
-    dropped = deleted = 0
+    dropped = ahead = deleted = 0
     for e in entries:
         if e.plan is None or (
             all(map(fresh, e.plan.observations)) and all(map(recent, e.plan.retracted))
@@ -291,6 +305,7 @@ def prune(
             continue
         pruned.append(e.plan)
         dropped += sum(not fresh(o) for o in e.plan.observations)
+        ahead += sum(o.created_at - at > older_than for o in e.plan.observations)
         if dry_run:
             deleted += e.plan.keeping(fresh, recent) is None
             continue
@@ -301,7 +316,7 @@ def prune(
         temps = store.remove_stale_temp_files(dry_run=dry_run)
         marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
     invalid = sum(e.plan is None for e in entries)
-    return Pruning(pruned, dropped, deleted, temps, marks, invalid)
+    return Pruning(pruned, dropped, ahead, deleted, temps, marks, invalid)
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:

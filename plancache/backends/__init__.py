@@ -56,7 +56,7 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     ``gs://bucket/prefix``, or another fsspec URL. None means the local default directory.
 
     Raises ``UnsupportedStoreError`` (a ``ValueError``) for an unknown scheme or a missing
-    extra, naming the supported schemes and the ``pip install`` that fixes it.
+    extra or package, naming the supported schemes or the ``pip install`` that fixes it.
     """
     from plancache.backends.local import LocalStore
 
@@ -80,9 +80,24 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     cls = _load(target, extra, scheme)
     try:
         return cls(url, **storage_options)
+    except ImportError as exc:  # fsspec loads a protocol's package only now
+        raise _missing_package(scheme, exc) from exc
     except Exception as exc:  # whatever the client raised, it carries no secret out
         scrub_exception(exc, secret_values({"url": url, **storage_options}))
         raise
+
+
+def _missing_package(scheme: str, exc: ImportError) -> MissingExtraError:
+    """The error for a protocol whose package is not installed, naming the package (the
+    top-level name of the missing module: ``adlfs``, ``paramiko``, ...)."""
+    chain = (exc, exc.__cause__, exc.__context__)
+    names = [e.name for e in chain if isinstance(e, ImportError) and e.name]
+    if not names:
+        return MissingExtraError(f"{scheme}:// stores need a package: {exc}", cause=exc)
+    package = names[0].partition(".")[0]
+    return MissingExtraError(
+        f"{scheme}:// stores need {package!r}: pip install {package}", cause=exc
+    )
 
 
 def _local_path(url: str) -> str:

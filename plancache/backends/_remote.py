@@ -4,6 +4,10 @@ Every call a backend makes runs on fsspec's event loop under a hard bound
 (``CallTimeouts.total``); past it the call is cancelled and ``PlanStoreUnavailable`` raised.
 Backends translate their client's exceptions with ``translate``; messages name the store,
 the action and a status or error code, never a credential.
+
+The blocking work that event loop hands to threads (``getaddrinfo``: a resolver may take
+many seconds, or never answer) runs in daemon threads (``DaemonThreads``), so a lookup stuck
+there never delays the exit of the process.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import asyncio
 import functools
 import inspect
 import os
+import threading
 import time
+import weakref
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from fsspec.asyn import sync
@@ -34,6 +41,7 @@ from plancache.redaction import redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 MAX_RETRIES = 10
 """Most retries a storage option may ask for."""
@@ -126,6 +134,41 @@ async def read_bounded(read: Callable[[int], Awaitable[bytes]], limit: int) -> b
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+class DaemonThreads(ThreadPoolExecutor):
+    """An event loop's default executor that runs each call in a daemon thread of its own.
+    A ``ThreadPoolExecutor``'s threads are joined when the interpreter exits, so one stuck
+    in ``getaddrinfo`` would hold the process up to the resolver's timeout; these are not
+    waited for. (A ``ThreadPoolExecutor`` subclass only because asyncio requires one.)"""
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the future's owner
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=run, name="plancache-blocking", daemon=True).start()
+        return future
+
+
+_DAEMON_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+"""Event loops whose default executor is a ``DaemonThreads``."""
+
+
+def use_daemon_threads(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``DaemonThreads`` the default executor of ``loop`` (once; set on the loop's own
+    thread, before any call scheduled after this one)."""
+    if loop not in _DAEMON_LOOPS:
+        _DAEMON_LOOPS.add(loop)
+        loop.call_soon_threadsafe(loop.set_default_executor, DaemonThreads())
 
 
 class ObjectStore(PlanStore):
@@ -239,6 +282,7 @@ class ObjectStore(PlanStore):
                 f"{self.url}: {action}: the client was opened in another process (before a "
                 "fork) and cannot be used in this one: open the store again here"
             )
+        use_daemon_threads(self._loop)
         try:
             result: T = sync(self._loop, translated, timeout=self.timeouts.total)
         except FSTimeoutError as exc:

@@ -30,7 +30,7 @@ from plancache.errors import (
     PlanStoreUnavailableError,
 )
 from plancache.fingerprint import fingerprint_of_name, object_name
-from plancache.redaction import redact, scrub_exception, secret_values
+from plancache.redaction import redact, scrub, scrub_exception, secret_values
 from plancache.store import READ_LIMIT, PlanStore, content_version
 
 log = logging.getLogger("plancache")
@@ -47,7 +47,9 @@ class FsspecStore(PlanStore):
         self.fs, path = url_to_fs(url, skip_instance_cache=True, **storage_options)
         self.root = path.rstrip("/")
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        self._url = f"{protocols[0]}://{self.root.lstrip('/')}"
+        # for messages, without user information or token (http(s) paths are whole URLs)
+        whole = self.root if "://" in self.root else f"{protocols[0]}://{self.root.lstrip('/')}"
+        self._url = scrub(whole)
         self.atomic = "memory" in protocols
         if not self.atomic:
             log.warning(

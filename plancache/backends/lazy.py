@@ -10,9 +10,12 @@ A failed opening raises its error, and the next use tries again. A local tier in
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
+from plancache.backends import open_store
 from plancache.errors import PlanStoreUnavailableError
 from plancache.plan import Plan
 from plancache.redaction import without_userinfo
@@ -20,6 +23,11 @@ from plancache.store import PlanStore, PutOutcome
 
 OPEN_TIMEOUT_S = 5.0
 """Seconds a use of a ``LazyStore`` waits at most for its store to open."""
+
+
+def open_lazily(url: str, **storage_options: Any) -> LazyStore:
+    """``open_store(url, **storage_options)``, opened on first use (see ``LazyStore``)."""
+    return LazyStore(url, functools.partial(open_store, url, **storage_options))
 
 
 class LazyStore(PlanStore):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -80,3 +81,14 @@ def test_s3_errors_are_one_line(s3_spec: RemoteSpec) -> None:
     )
     err = failure("ls", url, "--storage-options", json.dumps(options), env=env)
     assert err.startswith(f"plancache: error: {url}: ") and "credentials" in err
+
+
+@pytest.mark.parametrize(
+    ("url", "package"), [("abfs://container/plans", "adlfs"), ("sftp://host/plans", "paramiko")]
+)
+def test_a_missing_fsspec_package_is_one_line(url: str, package: str) -> None:
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    scheme = url.partition("://")[0]
+    err = failure("ls", url)
+    assert err == f"plancache: error: {scheme}:// stores need {package!r}: pip install {package}\n"

@@ -64,3 +64,24 @@ def test_prune(store: LocalFixture) -> None:
         assert run("prune", "--older-than", duration, "--dry-run", str(root)).returncode == 0
     result = run("prune", "--older-than", "30 days", str(root))
     assert result.returncode == 2 and "not a duration like 30d" in result.stderr
+
+
+def test_prune_drops_observations_dated_too_far_ahead(tmp_path: Path) -> None:
+    # a clock far ahead would keep its observations forever; small skews are kept
+    root = tmp_path / "store"
+    s = open_store(str(root))
+    ahead = frontier_plan("ahead", [(1, 60, -400), (2, 70, -0.01)])  # 400 d and 15 min ahead
+    later = frontier_plan("later", [(1, 60, -31)])
+    s.put(ahead)
+    s.put(later)
+    out = ok("prune", "--older-than", "30d", str(root)).splitlines()
+    assert sorted(out[:2]) == sorted(
+        [
+            f"dropped 1 of 2 observations {ahead.fingerprint}",
+            f"dropped 1 of 1 observation {later.fingerprint}",
+        ]
+    )
+    assert out[2].startswith("dropped 2 observations older than 30d (2 dated over 30d ahead) in ")
+    kept = s.get(ahead.fingerprint)
+    assert kept is not None and kept.observations == ahead.observations[1:]
+    assert s.get(later.fingerprint) is None

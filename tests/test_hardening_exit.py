@@ -1,0 +1,185 @@
+"""Time bounds that hold up to the end of the process: a worker whose store call is stuck exits
+as soon as its work is done, and a ``plancache`` command ends within its own bound.
+
+The stuck calls are real ones: a TCP server that never answers, and a resolver that never
+answers (a mount namespace whose ``/etc/resolv.conf`` names 127.0.0.1, where a UDP socket
+takes the queries and drops them; that needs root and ``unshare``, else those tests skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache.fingerprint import object_name
+from plancache.testing import child_env, make_plan
+from plancache.testing.servers import SilentServer, closed_port
+from tests.hostile import Reply, ScriptedServer
+
+Wrap = Callable[[list[str]], list[str]]
+BLACK_HOLE = "http://plancache-black-hole.example:9000"
+"""An endpoint whose name the silent resolver never answers for."""
+TOKEN = "ya29.a0-hardening-raw-access-token"
+WORKER = """
+import json, sys, time
+from plancache import PlanCache
+from plancache.config import Settings
+from plancache.testing import FACTORS, GiB
+settings = Settings(sys.argv[1], storage_options=json.loads(sys.argv[2]), local_tier=None)
+cache = PlanCache(settings.open_store, timeout=1.0)
+looked = cache.lookup(FACTORS, current_free_memory=80 * GiB).reason
+recorded = cache.record(FACTORS, kv_cache_memory_bytes=GiB, free_memory_baseline=2 * GiB).reason
+print(looked, recorded, time.time(), flush=True)
+"""
+
+
+@pytest.fixture
+def silent_dns(tmp_path: Path) -> Iterator[Wrap]:
+    """A function that wraps a command so that it runs with a resolver that never answers."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a private /etc/resolv.conf needs root and unshare")
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=10)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --mount fails here: {probe.stderr!r}")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.1", 53))
+    except OSError as exc:
+        sock.close()
+        pytest.skip(f"cannot take 127.0.0.1:53 for a silent resolver: {exc}")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\n")
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    try:
+        yield lambda cmd: ["unshare", "--mount", "sh", "-c", script, str(resolv), *cmd]
+    finally:
+        sock.close()
+
+
+def _worker(url: str, options: dict[str, str], wrap: Wrap = lambda c: c) -> tuple[str, float]:
+    """Run ``WORKER`` on the store at ``url``: what it printed (the two reasons) and the
+    seconds from the end of its work to its exit."""
+    cmd = wrap([sys.executable, "-c", WORKER, url, json.dumps(options)])
+    result = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=120)
+    exited = time.time()
+    assert result.returncode == 0, result.stderr
+    *reasons, done = result.stdout.split()
+    return " ".join(reasons), exited - float(done)
+
+
+def _options(scheme: str, endpoint: str) -> dict[str, str]:
+    if scheme == "s3":
+        return {"endpoint_url": endpoint, "key": "id", "secret": "not-a-secret"}
+    return {"endpoint_url": endpoint, "token": "anon"}
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_a_worker_exits_at_once_when_its_store_never_answers(scheme: str) -> None:
+    with SilentServer() as silent:
+        reasons, lag = _worker(f"{scheme}://bucket/p", _options(scheme, silent.endpoint))
+    assert reasons == "timeout timeout"
+    assert lag < 1.5, f"exited {lag:.1f} s after its work"
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_a_worker_exits_at_once_when_dns_never_answers(scheme: str, silent_dns: Wrap) -> None:
+    url = f"{scheme}://bucket/p"
+    reasons, lag = _worker(url, _options(scheme, BLACK_HOLE), silent_dns)
+    assert reasons == "timeout timeout"  # the lookups were stuck, not refused
+    assert lag < 1.5, f"exited {lag:.1f} s after its work"
+
+
+# -- the command -------------------------------------------------------------------------------
+def plancache(
+    *args: str, wrap: Wrap = lambda c: c, env: dict[str, str] | None = None
+) -> tuple[str, float]:
+    """Run ``python -m plancache ARGS``, which must fail with exit 2 and one error line: that
+    line and the seconds the command took."""
+    start = time.monotonic()
+    result = subprocess.run(
+        wrap([sys.executable, "-m", "plancache", *args]),
+        capture_output=True,
+        text=True,
+        env=child_env() if env is None else env,
+        timeout=120,
+    )
+    seconds = time.monotonic() - start
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("plancache: error: ") and result.stderr.count("\n") == 1
+    return result.stderr, seconds
+
+
+def test_a_command_ends_on_time_when_dns_never_answers(silent_dns: Wrap) -> None:
+    options = json.dumps(_options("s3", BLACK_HOLE))
+    error, seconds = plancache("ls", "s3://bucket/p", "--storage-options", options, wrap=silent_dns)
+    assert "list: no answer within 3 s" in error
+    assert seconds < 6.0, f"took {seconds:.1f} s"
+    args = ("--timeout", "1", "ls", "s3://bucket/p", "--storage-options", options)
+    error, seconds = plancache(*args, wrap=silent_dns)
+    assert error == "plancache: error: ls: not done within 1 s\n"
+    assert seconds < 4.0, f"took {seconds:.1f} s"
+
+
+def _stuck_reads(n: int, release: threading.Event) -> Callable[[str, str, bytes], Reply]:
+    """An S3 endpoint that lists ``n`` plans and never answers a read (until ``release``)."""
+    keys = "".join(
+        f"<Contents><Key>p/{object_name(make_plan(factors={'n': i}).fingerprint)}</Key>"
+        "<Size>1</Size></Contents>"
+        for i in range(n)
+    )
+    page = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<Name>b</Name><Prefix>p/</Prefix><IsTruncated>false</IsTruncated>{keys}"
+        "</ListBucketResult>"
+    ).encode()
+
+    def respond(method: str, path: str, body: bytes) -> Reply:
+        if "list-type=2" not in path:
+            release.wait(60)
+        return 200, {"Content-Type": "application/xml"}, page
+
+    return respond
+
+
+def test_timeout_bounds_a_whole_command() -> None:
+    release = threading.Event()
+    with ScriptedServer(_stuck_reads(64, release)) as server:
+        options = json.dumps(_options("s3", server.endpoint))
+        try:  # 64 reads of up to 3 s each, 8 at a time: about 24 s without the bound
+            error, seconds = plancache(
+                "ls", "s3://b/p", "--timeout", "2", "--storage-options", options
+            )
+        finally:
+            release.set()
+    assert error == "plancache: error: ls: not done within 2 s\n"
+    assert seconds < 5.0, f"took {seconds:.1f} s"
+
+
+def test_opening_a_remote_store_is_bounded_in_a_command(tmp_path: Path) -> None:
+    base = {k: v for k, v in child_env().items() if "PROXY" not in k.upper()}
+    with SilentServer() as silent:  # gcsfs checks a raw token over HTTPS, here through it
+        env = {**base, "HTTPS_PROXY": silent.endpoint}
+        options = {"token": TOKEN, "endpoint_url": f"http://127.0.0.1:{closed_port()}"}
+        error, seconds = plancache(
+            "ls", "gs://bucket/p", "--storage-options", json.dumps(options), env=env
+        )
+    assert "gs://bucket/p: open: the client did not open within 5 s" in error
+    assert seconds < 8.0, f"took {seconds:.1f} s"
+
+    # no credentials anywhere: how long discovery takes depends on the machine, the
+    # command's does not
+    env = {k: v for k, v in base.items() if not k.startswith(("GOOGLE_", "GCE_", "CLOUDSDK_"))}
+    env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"))
+    _, seconds = plancache("ls", "gs://bucket/p", env=env)
+    assert seconds < 8.0, f"took {seconds:.1f} s"
