@@ -9,6 +9,7 @@ from plancache.cache import Decision, PlanCache, Recorded
 from plancache.errors import (
     ConfigError,
     InvalidPlanError,
+    InvalidSignatureError,
     MissingExtraError,
     PlanStoreConflict,
     PlanStoreConflictError,
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "InvalidPlanError",
+    "InvalidSignatureError",
     "MissingExtraError",
     "Plan",
     "PlanCache",

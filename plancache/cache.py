@@ -4,6 +4,8 @@ Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the
 (default 2 s) plus thread start-up: store I/O runs in a daemon thread that the caller stops
 waiting for at the deadline. Past it, or on any doubt, the answer is a miss and the boot
 profiles as usual. Every decision is logged on ``logging.getLogger("plancache")``.
+Signatures are the store's (``PlanStore.keyring``): where it holds keys, a record without a
+valid signature is never applied (``invalid:signature``), and ``record`` signs what it writes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from typing import TypeVar
 
 from plancache import __version__
 from plancache.defaults import DEFAULT_BUDGET_S
-from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
+from plancache.errors import (
+    InvalidPlanError,
+    InvalidSignatureError,
+    PlanStoreError,
+    UnsupportedSchemaError,
+)
 from plancache.fingerprint import fingerprint
 from plancache.gate import Budget, gate
 from plancache.plan import Observation, Plan, Scalar
@@ -99,6 +106,8 @@ def _describe(exc: BaseException) -> tuple[Reason, str]:
         return Reason.TIMEOUT, "store did not answer within the time budget"
     if isinstance(exc, UnsupportedSchemaError):
         return Reason.MISS, str(exc)
+    if isinstance(exc, InvalidSignatureError):
+        return Reason.INVALID_SIGNATURE, str(exc)
     if isinstance(exc, InvalidPlanError):
         return Reason.INVALID, str(exc)
     if isinstance(exc, PlanStoreError):
