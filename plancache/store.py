@@ -197,7 +197,7 @@ class PlanStore(ABC):
                 raise ValueError("a rewrite cannot change the record's fingerprint")
             if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
                 return stored
-            sealed = keys.seal(stored if changed == stored else changed)
+            sealed = keys.seal(changed)
             if not keys.may_replace(stored, sealed):
                 raise PlanStorePermissionError(
                     f"{self.url}: record {fp[:12]}… is signed; changing it needs the signing "
