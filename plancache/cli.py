@@ -477,8 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except EXPECTED_ERRORS as exc:
-        if args.debug:
-            traceback.print_exc()
+        if args.debug:  # the traceback holds messages too: scrubbed like the error line
+            print(_scrub(traceback.format_exc(), args), end="", file=sys.stderr)
         message = str(exc) or type(exc).__name__
         print(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)
         return 2

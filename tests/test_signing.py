@@ -424,7 +424,8 @@ def test_retract_prune_and_record_sign_what_they_write(tmp_path: Path) -> None:
     LocalStore(tmp_path).put(A)
     with pytest.raises(InvalidSignatureError):
         cache.store.retract(FP, A.observations[0])
-    assert prune(cache.store, older_than=1.0).rejected == 1
+    result = prune(cache.store, older_than=1.0)
+    assert (result.rejected, result.observations, result.plans) == (1, 0, [])
     assert LocalStore(tmp_path).read_raw(FP) == A.encode()
 
 
