@@ -201,6 +201,23 @@ def test_cp_and_prune_sign_with_the_signing_key(root: Path, tmp_path: Path) -> N
     assert "3 records not validly signed left as they are" in pruned
 
 
+def test_rotation_steps_from_the_readme(tmp_path: Path) -> None:
+    """Sign with the new key, accept the old one; `cp URL URL` re-signs every record; the
+    new key alone then accepts them all."""
+    root = tmp_path / "store"
+    old = LocalStore(root)
+    for name in ("a", "b", "c"):
+        signing(old, OTHER).put(named_plan(name))
+    new_keys = tmp_path / "new.keys"
+    new_keys.write_text(KEY + "\n")
+    check = ["verify", "--require-signature", "--keys-file", str(new_keys), str(root)]
+    assert run(*check).returncode == 1
+    rotating = keyed(PLANCACHE_VERIFY_KEYS=OTHER)
+    assert "0 created, 3 replaced, 0 kept" in ok("cp", str(root), str(root), env=rotating)
+    assert "0 created, 0 replaced, 3 kept" in ok("cp", str(root), str(root), env=rotating)
+    assert ok(*check).endswith(": 0 invalid, 0 not validly signed (keys " + ID + ")\n")
+
+
 def test_verify_require_signature_on_s3(s3_spec: RemoteSpec) -> None:
     url, options = s3_spec
     store = open_store(url, **options)
