@@ -84,6 +84,11 @@ def edited(raw: bytes, edit: Callable[[dict[str, Any]], object]) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 
+def cache_on(store: PlanStore) -> PlanCache:
+    """A cache on ``store`` whose budget a loaded machine cannot exceed (S3 on moto)."""
+    return PlanCache(store, timeout=30.0)
+
+
 def signer(key: str, *verify: str) -> Keyring:
     return Keyring(key, verify)
 
@@ -220,12 +225,12 @@ def test_readers_never_apply_tampered_unsigned_or_foreign_records(
     caplog.set_level(logging.INFO, "plancache")
     writer, reader, plain = node(signer(OLD)), node(signer(OLD)), node(NO_KEYS)
     assert (
-        PlanCache(writer)
+        cache_on(writer)
         .record(A.factors, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=60 * GiB)
         .outcome
         is PutOutcome.CREATED
     )
-    cache = PlanCache(reader)
+    cache = cache_on(reader)
     assert cache.lookup(FACTORS, FREE).reason is Reason.HIT
     raw = reader.read_raw(FP)
     assert raw is not None
@@ -246,7 +251,7 @@ def test_readers_never_apply_tampered_unsigned_or_foreign_records(
         with pytest.raises(InvalidSignatureError):
             reader.get(FP)
         assert plain.get(FP) is not None  # a reader with no keys reads it as usual
-        assert PlanCache(plain).lookup(FACTORS, FREE).reason is Reason.HIT
+        assert cache_on(plain).lookup(FACTORS, FREE).reason is Reason.HIT
     warnings = [r for r in caplog.records if "lookup invalid:signature" in r.getMessage()]
     assert len(warnings) == 3 and all(r.levelno == logging.WARNING for r in warnings)
 
@@ -286,8 +291,8 @@ def test_an_unsigned_writer_never_strips_a_signature(
         prune(plain, older_than=1000.0, now=2500.0)  # would drop A and keep B
     assert writer.read_raw(FP) == raw
     # a reader with keys still applies it; one without reads it as usual
-    assert PlanCache(node(signer(OLD))).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
-    assert PlanCache(plain).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
+    assert cache_on(node(signer(OLD))).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
+    assert cache_on(plain).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
     # a signed record copied whole keeps its signature: an unsigned writer may pass it on
     newer = writer.get(FP)
     assert newer is not None and newer.signature is not None
@@ -328,7 +333,7 @@ def test_a_store_shared_with_unsigned_writers_converges_on_a_signed_record(node:
     assert final is not None and final.observations == frontier((*B.observations, *C.observations))
     assert final.signature is not None and final.signature.keyid == key_id(OLD)
     for reader in (node(signer(OLD)), node(NO_KEYS)):
-        assert PlanCache(reader).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
+        assert cache_on(reader).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
 
 
 def test_without_keys_records_are_byte_identical(tmp_path: Path) -> None:
@@ -380,7 +385,7 @@ def test_rotation_accepts_the_old_key_re_signs_and_then_drops_it(node: Node) -> 
     other_fp = make_plan(factors={"model": "other"})
     node(signer(OLD)).put(other_fp)
     rotated = node(signer(NEW, OLD))
-    assert PlanCache(rotated).lookup(FACTORS, FREE).reason is Reason.HIT
+    assert cache_on(rotated).lookup(FACTORS, FREE).reason is Reason.HIT
     assert rotated.put(A) is PutOutcome.REPLACED  # same content, re-signed with the new key
     assert rotated.put(A) is PutOutcome.KEPT
     assert rotated.put(B) is PutOutcome.REPLACED
@@ -392,17 +397,17 @@ def test_rotation_accepts_the_old_key_re_signs_and_then_drops_it(node: Node) -> 
         node(signer(OLD)).get(FP)
     # the old key removed: what it alone signed is no longer applied, then replaced
     done = node(signer(NEW))
-    d = PlanCache(done).lookup(other_fp.factors, FREE)
+    d = cache_on(done).lookup(other_fp.factors, FREE)
     assert d.reason is Reason.INVALID_SIGNATURE and "not an accepted one" in d.detail
-    assert PlanCache(done).lookup(FACTORS, FREE).reason is Reason.HIT
+    assert cache_on(done).lookup(FACTORS, FREE).reason is Reason.HIT
     fresh = make_plan(kv=11 * GiB, baseline=71 * GiB, factors={"model": "other"})
     assert done.put_merged(fresh)[1] == fresh  # the old-key observation is not merged in
-    assert PlanCache(done).lookup(other_fp.factors, FREE).kv_cache_memory_bytes == 11 * GiB
+    assert cache_on(done).lookup(other_fp.factors, FREE).kv_cache_memory_bytes == 11 * GiB
 
 
 # -- retract, prune, copy, record -------------------------------------------------------------
 def test_retract_prune_and_record_sign_what_they_write(tmp_path: Path) -> None:
-    env = {"PLANCACHE_URL": str(tmp_path), "PLANCACHE_SIGNING_KEY": NEW}
+    env = {"PLANCACHE_URL": str(tmp_path), "PLANCACHE_SIGNING_KEY": NEW, "PLANCACHE_TIMEOUT": "30"}
     cache = PlanCache.from_env(env)
     recorded = cache.record(FACTORS, kv_cache_memory_bytes=12 * GiB, free_memory_baseline=70 * GiB)
     assert recorded.reason is RecordReason.CREATED
@@ -527,7 +532,7 @@ def test_keys_never_show_in_logs_messages_or_reprs(
     texts.append(str(vars(settings)))
     signing, plain = node(settings.keyring), node(NO_KEYS)
     texts.append(repr(signing))
-    cache = PlanCache(signing)
+    cache = cache_on(signing)
     cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=60 * GiB)
     texts.append(repr(cache.lookup(FACTORS, FREE)))
     overwrite(plain, FP, A.encode())
