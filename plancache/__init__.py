@@ -9,6 +9,7 @@ from plancache.cache import Decision, PlanCache, Recorded
 from plancache.errors import (
     ConfigError,
     InvalidPlanError,
+    InvalidSignatureError,
     MissingExtraError,
     PlanStoreConflict,
     PlanStoreConflictError,
@@ -35,6 +36,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "InvalidPlanError",
+    "InvalidSignatureError",
     "MissingExtraError",
     "Plan",
     "PlanCache",

@@ -4,6 +4,8 @@ Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the
 (default 2 s) plus thread start-up: store I/O runs in a daemon thread that the caller stops
 waiting for at the deadline. Past it, or on any doubt, the answer is a miss and the boot
 profiles as usual. Every decision is logged on ``logging.getLogger("plancache")``.
+Signatures are the store's (``PlanStore.keyring``): where it holds keys, a record without a
+valid signature is never applied (``invalid:signature``), and ``record`` signs what it writes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from typing import TypeVar
 
 from plancache import __version__
 from plancache.defaults import DEFAULT_BUDGET_S
-from plancache.errors import InvalidPlanError, PlanStoreError, UnsupportedSchemaError
+from plancache.errors import (
+    InvalidPlanError,
+    InvalidSignatureError,
+    PlanStoreError,
+    UnsupportedSchemaError,
+)
 from plancache.fingerprint import fingerprint
 from plancache.gate import Budget, gate
 from plancache.plan import Observation, Plan, Scalar
@@ -101,6 +108,8 @@ def _describe(exc: BaseException) -> tuple[Reason, str]:
         return Reason.TIMEOUT, "store did not answer within the time budget"
     if isinstance(exc, UnsupportedSchemaError):
         reason, detail = Reason.MISS, str(exc)
+    elif isinstance(exc, InvalidSignatureError):
+        reason, detail = Reason.INVALID_SIGNATURE, str(exc)
     elif isinstance(exc, InvalidPlanError):
         reason, detail = Reason.INVALID, str(exc)
     elif isinstance(exc, PlanStoreError):
@@ -172,7 +181,7 @@ class PlanCache:
         plausible one of the same record is applied instead. ``avoid``: digests of
         observations not to apply (``Breaker.avoided``). A tiered store keeps looking in the
         remote while the local tier's record has nothing the gate accepts."""
-        pending = self.start_lookup(factors, current_free_memory, avoid=avoid)
+        pending = self.start_lookup(factors, current_free_memory, avoid=avoid, budget=budget)
         return pending.result(self.timeout, budget=budget)
 
     def start_lookup(
@@ -181,12 +190,14 @@ class PlanCache:
         current_free_memory: object,
         *,
         avoid: Collection[str] = (),
+        budget: Budget | None = None,
     ) -> PendingLookup:
         """Start the lookup of ``factors`` in a daemon thread and return at once; join it
-        with ``PendingLookup.result(wait, budget=...)`` (the budget is known only once the
-        weights are loaded). The fetch itself is not bounded: only the join is, so a fetch
-        may overlap other work (loading weights) for free. Never raises."""
-        return PendingLookup(self, factors, current_free_memory, avoid)
+        with ``PendingLookup.result(wait, budget=...)`` (a boot knows its budget only once
+        the weights are loaded; a ``budget`` known now also steers a tiered store's search).
+        The fetch itself is not bounded: only the join is, so a fetch may overlap other work
+        (loading weights) for free. Never raises."""
+        return PendingLookup(self, factors, current_free_memory, avoid, budget)
 
     def retract(self, fingerprint: str, observation: Observation) -> bool:
         """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
@@ -274,6 +285,7 @@ class PendingLookup:
         factors: Mapping[str, Scalar],
         current_free_memory: object,
         avoid: Collection[str] = (),
+        budget: Budget | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.current_free_memory = current_free_memory
@@ -292,7 +304,7 @@ class PendingLookup:
         key = self.fingerprint
 
         def usable(p: Plan) -> bool:
-            return gate(p, current_free_memory, None, self.avoid)[0] is not None
+            return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
         def fetch() -> None:
             try:

@@ -2,10 +2,13 @@
 
 Every subcommand opens the store it names (or ``PLANCACHE_URL``) directly, without the local
 tier, so what it shows is what that store itself holds (a remote store opens on first use,
-waiting at most ``LazyStore.open_timeout`` for its client). The work is done by
+waiting at most ``LazyStore.open_timeout`` for its client), with the keys of the environment
+(``PLANCACHE_SIGNING_KEY``, ...): writes (``cp``, ``prune``) are signed with the signing key,
+and records the keys reject are shown as such, never copied or pruned. The work is done by
 ``plancache.inventory``; this module parses arguments and prints (through
 ``display.echo``: control characters escaped). Every failure prints one line,
-``plancache: error: ...``, and exits 2; ``--debug`` adds the traceback (secrets masked).
+``plancache: error: ...``, and exits 2; ``--debug`` adds the traceback (secrets and keys
+masked). No key is ever printed; key ids are.
 
 A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
 error line and exit 2, whatever a call is stuck in; the executable then exits at once,
@@ -33,7 +36,7 @@ from plancache import __version__, inventory
 from plancache.backends import open_store
 from plancache.backends.lazy import open_lazily
 from plancache.backends.local import LocalStore
-from plancache.config import Settings, is_remote, parse_storage_options
+from plancache.config import Settings, is_remote, keyring_from_env, parse_storage_options
 from plancache.defaults import MAX_SECONDS
 from plancache.display import (
     Progress,
@@ -52,6 +55,7 @@ from plancache.fingerprint import fingerprint
 from plancache.inventory import device
 from plancache.plan import Plan, canonical
 from plancache.redaction import scrub, secret_values
+from plancache.signing import Keyring, parse_keys
 from plancache.store import PlanStore
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
@@ -74,7 +78,8 @@ _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
 _COMMAND_HELP = {
     "ls": "list the plans in a store, one row each (invalid records too, with the reason)",
     "show": "show a whole record, factors included, by fingerprint or unique prefix",
-    "verify": "check every record against the format's rules; exit 1 if any is invalid",
+    "verify": "check every record against the format's rules (and, with --require-signature, "
+    "its signature); exit 1 if any fails",
     "rm": "delete plans by fingerprint or unique prefix",
     "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
     "with none is deleted), and abandoned temp files of local stores",
@@ -136,20 +141,52 @@ def _open(
     opener = open_lazily if is_remote(url) else open_store
     store = opener(url, **storage_options)
     args.opened.append(store)
+    store.use_keyring(_keyring(args))
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store
 
 
+def _keyring(args: argparse.Namespace) -> Keyring:
+    """The keys of the command: those of ``--keys-file`` (verify keys), else of the
+    environment; read once."""
+    if args.keyring is None:
+        name = getattr(args, "keys_file", None)
+        if name is None:
+            args.keyring = keyring_from_env()
+        else:
+            try:
+                text = Path(name).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else None
+                raise CliError(f"cannot read --keys-file {name}: {why or 'not text'}") from None
+            args.keyring = Keyring(verify_keys=parse_keys(text, "--keys-file"))
+    keyring: Keyring = args.keyring
+    return keyring
+
+
 def _scrub(message: str, args: argparse.Namespace) -> str:
-    """``message`` with every secret of the command's storage options masked."""
+    """``message`` with every secret of the command's storage options, and every key it
+    read, masked."""
     texts = [os.environ.get("PLANCACHE_STORAGE_OPTIONS")]
     texts += [getattr(args, name, None) for name in _OPTION_ARGS]
     secrets: list[str] = []
     for text in filter(None, texts):
         with contextlib.suppress(ConfigError):
             secrets += secret_values(parse_storage_options(text, "storage options"))
-    return scrub(message, secrets)
+    message = scrub(message, secrets)
+    return message if args.keyring is None else args.keyring.scrub(message)
+
+
+def _signed(entry: inventory.Entry, keyring: Keyring) -> str:
+    """The key id that signed ``entry``'s plan (``-``: none), and where the keys reject the
+    signature, why in a word."""
+    assert entry.plan is not None
+    sig = entry.plan.signature
+    text = "-" if sig is None else sig.keyid
+    if entry.rejected is not None:
+        text += f" ({keyring.verdict(entry.plan)})"
+    return text
 
 
 def _host(producer: Mapping[str, Any]) -> str:
@@ -179,6 +216,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print_json([inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid])
         return 0
+    keyring = store.keyring
+    # the SIGNED column shows where keys are configured or a record is signed
+    signed = keyring.requires_signature or any(p.signature is not None for p, _ in valid)
     rows = [
         [
             p.fingerprint[:12],
@@ -189,17 +229,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
             gib(p.free_memory_baseline),
             age(now - p.created_at),
             _host({} if p.newest is None else p.newest.producer),
+            *([_signed(e, keyring)] if signed else []),
         ]
-        for p, _ in valid
+        for p, e in valid
     ]
     if rows:
         headers = ["FINGERPRINT", "MODEL", "DEVICE", "OBS", "MAX KV GiB", "MIN BASELINE GiB"]
-        print_table([*headers, "AGE", "HOST"], rows, right={3, 4, 5, 6})
+        headers += ["AGE", "HOST", *(["SIGNED"] if signed else [])]
+        print_table(headers, rows, right={3, 4, 5, 6})
     if invalid:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
-    echo(f"{plural(len(valid), 'plan')}, {len(invalid)} invalid, in {store.url}")
+    rejected = sum(e.rejected is not None for _, e in valid)
+    summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
+    if rejected:
+        summary += f", {rejected} not validly signed (never applied with these keys)"
+    echo(f"{summary}, in {store.url}")
     return 0
 
 
@@ -226,6 +272,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     echo(f"model        {inventory.model(p)}")
     echo(f"store        {store.url}")
     echo(f"observations {len(p.observations)} (a node applies the largest KV whose baseline fits)")
+    if p.signature is not None or store.keyring.requires_signature:
+        judged = f" ({entry.problem or 'valid'})" if store.keyring.requires_signature else ""
+        echo(f"signed       {'no' if p.signature is None else p.signature.keyid}{judged}")
     rows = [
         [
             gib(o.free_memory_baseline),
@@ -249,16 +298,29 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every record; exit 1 if invalid ones remain (``--fix`` deletes them)."""
+    """Check every record (with ``--require-signature`` its signature too, against the keys
+    of ``--keys-file`` or the environment); exit 1 if findings remain (``--fix`` deletes
+    them)."""
+    if args.keys_file is not None and not args.require_signature:
+        raise CliError("--keys-file goes with --require-signature")
     store = _open(args, args.url)
-    result = inventory.verify(store, fix=args.fix)
+    keys = store.keyring
+    if args.require_signature and not keys.requires_signature:
+        raise CliError(
+            "--require-signature needs keys: set PLANCACHE_SIGNING_KEY[_FILE] or "
+            "PLANCACHE_VERIFY_KEYS[_FILE], or give --keys-file"
+        )
+    result = inventory.verify(store, fix=args.fix, require_signature=args.require_signature)
     for e in result.other_schema:
         echo(f"{e.fingerprint}  {e.error} (another version's record: kept)")
     for f in result.findings:
         note = "" if f.fix is None else f"  ({f.fix})"
-        echo(f"{f.entry.fingerprint}  {f.entry.error}{note}")
+        echo(f"{f.entry.fingerprint}  {f.entry.problem}{note}")
     bad = len(result.findings)
-    summary = f"{plural(result.checked, 'record')} checked in {store.url}: {bad} invalid"
+    unsigned = sum(f.entry.rejected is not None for f in result.findings)
+    summary = f"{plural(result.checked, 'record')} checked in {store.url}: {bad - unsigned} invalid"
+    if args.require_signature:
+        summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
     return 1 if bad and not args.fix else 0
 
@@ -295,6 +357,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if result.invalid:
         left = plural(result.invalid, "invalid record")
         summary += f"; {left} left (`plancache verify --fix` deletes them)"
+    if result.rejected:
+        left = plural(result.rejected, "record")
+        summary += f"; {left} not validly signed left as they are"
     echo(summary)
     return 0
 
@@ -316,6 +381,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     echo(
         f"copied {src.url} -> {dst.url}: {c.created} created, {c.replaced} replaced, "
         f"{c.kept} kept, {c.invalid} invalid skipped"
+        + (f", {c.rejected} not validly signed skipped" if c.rejected else "")
         + (f", {c.vanished} deleted meanwhile" if c.vanished else "")
     )
     return 0
@@ -409,7 +475,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the record as stored (JSON)")
 
     url(p := command("verify", cmd_verify))
-    p.add_argument("--fix", action="store_true", help="delete the invalid records")
+    p.add_argument("--fix", action="store_true", help="delete the records found")
+    p.add_argument(
+        "--require-signature",
+        action="store_true",
+        help="also report records without a valid signature from an accepted key (keys: "
+        "--keys-file, else $PLANCACHE_SIGNING_KEY[_FILE] and $PLANCACHE_VERIFY_KEYS[_FILE])",
+    )
+    p.add_argument(
+        "--keys-file",
+        metavar="FILE",
+        help="accepted keys, one per line, instead of those of the environment",
+    )
 
     p = command("rm", cmd_rm)
     p.add_argument("fingerprints", nargs="+", metavar="FP", help="fingerprints or prefixes")
@@ -475,6 +552,7 @@ def _run(args: argparse.Namespace) -> int:
     (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
+    args.keyring = None  # read on first use
     try:
         return func(args)
     except BrokenPipeError:  # e.g. `plancache ls | head`: stop quietly

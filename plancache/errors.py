@@ -54,6 +54,12 @@ class InvalidPlanError(ValueError):
     """A record breaks a rule of the plan format; it is never applied."""
 
 
+class InvalidSignatureError(InvalidPlanError):
+    """Keys are configured and a record lacks a valid signature from an accepted key
+    (unsigned, signed by another key, or changed after signing): never applied, and a signed
+    write replaces it."""
+
+
 class UnsupportedSchemaError(InvalidPlanError):
     """A record of another schema version (e.g. from a newer plancache): never applied, never
     overwritten or deleted by this version; a miss for the cache."""

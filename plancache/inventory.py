@@ -4,6 +4,11 @@ Every function reads the store it is given, as it is, and reports in plain value
 prints. Store failures raise ``PlanStoreError``; a prefix that names no plan, or more than
 one, raises ``ValueError``. Records of another schema version are reported, never judged,
 overwritten or deleted. Reads and writes run on a few threads (store I/O is latency bound).
+
+Signatures are judged with the store's keyring (``PlanStore.keyring``): where it holds keys,
+a record without a valid signature from an accepted key is *rejected* (``Entry.rejected``):
+listed, reported by ``verify(require_signature=True)``, and never copied or pruned (a
+signing store would sign what no accepted key vouched for).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import Any, TypeVar
 
 from plancache.backends.local import LocalStore
 from plancache.breaker import Breaker
-from plancache.errors import InvalidPlanError, UnsupportedSchemaError
+from plancache.errors import InvalidPlanError, InvalidSignatureError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
 from plancache.plan import Observation, Plan, Tombstone
+from plancache.reasons import Reason
 from plancache.store import PlanStore, PutOutcome
 
 T = TypeVar("T")
@@ -41,11 +47,21 @@ class Entry:
     error: str | None = None
     other_schema: bool = False
     """A record of another schema version: not this version's to judge or delete."""
+    rejected: str | None = None
+    """Why the store's keys reject the plan's signature; None when they accept it or the
+    store holds no keys."""
 
     @property
     def invalid(self) -> bool:
         """True for a record this version judges invalid (never one of another schema)."""
         return self.plan is None and not self.other_schema
+
+    @property
+    def problem(self) -> str | None:
+        """Why the record is not used: its format error, or ``invalid:signature: ...``."""
+        if self.rejected is not None:
+            return f"{Reason.INVALID_SIGNATURE}: {self.rejected}"
+        return self.error
 
 
 def device(plan: Plan) -> str:
@@ -79,9 +95,9 @@ def _parallel(
 
 
 def read_entry(store: PlanStore, fp: str) -> Entry | None:
-    """The record under ``fp``, checked against every rule of the format; None if absent.
-    An entry that is no record at all (a local FIFO, directory or symbolic link named like a
-    plan, never opened) is an invalid entry without bytes."""
+    """The record under ``fp``, checked against every rule of the format and judged by the
+    store's keys; None if absent. An entry that is no record at all (a local FIFO, directory
+    or symbolic link named like a plan, never opened) is an invalid entry without bytes."""
     try:
         raw = store.read_raw(fp)
     except InvalidPlanError as exc:
@@ -89,9 +105,14 @@ def read_entry(store: PlanStore, fp: str) -> Entry | None:
     if raw is None:
         return None
     try:
-        return Entry(fp, raw, Plan.decode(raw, expected_fingerprint=fp))
+        plan = Plan.decode(raw, expected_fingerprint=fp)
     except InvalidPlanError as exc:
         return Entry(fp, raw, None, str(exc), isinstance(exc, UnsupportedSchemaError))
+    try:
+        store.keyring.check(plan)
+    except InvalidSignatureError as exc:
+        return Entry(fp, raw, plan, rejected=str(exc))
+    return Entry(fp, raw, plan)
 
 
 def scan(store: PlanStore) -> list[Entry]:
@@ -140,7 +161,7 @@ class Fix(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Finding:
-    """An invalid record, and what fixing did with it (None without ``fix``)."""
+    """An invalid (or rejected) record, and what fixing did with it (None without ``fix``)."""
 
     entry: Entry
     fix: Fix | None = None
@@ -153,7 +174,8 @@ class Verification:
     checked: int
     """Records read, other schemas included."""
     findings: list[Finding]
-    """This version's invalid records, in fingerprint order."""
+    """This version's invalid records (and rejected ones, where signatures are required), in
+    fingerprint order."""
     other_schema: list[Entry]
     """Records of another schema version: reported, kept."""
 
@@ -162,16 +184,24 @@ class Verification:
         return sum(f.fix is Fix.DELETED for f in self.findings)
 
 
-def verify(store: PlanStore, *, fix: bool = False) -> Verification:
-    """Check every record against the format's rules; with ``fix``, delete the invalid
-    ones, each re-read first so that a valid record written since is kept."""
+def verify(store: PlanStore, *, fix: bool = False, require_signature: bool = False) -> Verification:
+    """Check every record against the format's rules, and with ``require_signature`` its
+    signature against the store's keys (``ValueError`` if it holds none); with ``fix``,
+    delete the records found, each re-read first so that a good record written since is
+    kept."""
+    if require_signature and not store.keyring.requires_signature:
+        raise ValueError("requiring signatures needs keys (PLANCACHE_SIGNING_KEY, ...)")
+
+    def bad(e: Entry) -> bool:
+        return e.invalid or (require_signature and e.rejected is not None)
+
     entries = scan(store)
     findings = []
-    for e in (e for e in entries if e.invalid):
+    for e in filter(bad, entries):
         outcome = None
         if fix:
             again = read_entry(store, e.fingerprint)
-            if again is None or again.invalid:
+            if again is None or bad(again):
                 store.delete(e.fingerprint)
                 outcome = Fix.DELETED
             else:
@@ -220,6 +250,8 @@ class CopyCounts:
     """The destination's plan dominates (or equals) the source's."""
     invalid: int = 0
     """Invalid records (or of another schema) in the source, skipped."""
+    rejected: int = 0
+    """Records whose signature the keys reject, skipped."""
     vanished: int = 0
     """Deleted from the source between listing and reading."""
 
@@ -227,8 +259,9 @@ class CopyCounts:
 def copy(
     src: PlanStore, dst: PlanStore, *, progress: Callable[[int, int], None] | None = None
 ) -> CopyCounts:
-    """Put every valid plan of ``src`` into ``dst`` with merge semantics (``dst.put``);
-    ``progress(done, total)`` is called after each record."""
+    """Put every valid plan of ``src`` that ``src``'s keys do not reject into ``dst`` with
+    merge semantics (``dst.put``: a signed record keeps its signature where ``dst`` cannot
+    sign); ``progress(done, total)`` is called after each record."""
 
     def copy_one(fp: str) -> str:
         entry = read_entry(src, fp)
@@ -236,6 +269,8 @@ def copy(
             return "vanished"
         if entry.plan is None:
             return "invalid"
+        if entry.rejected is not None:
+            return "rejected"
         return dst.put(entry.plan).value
 
     counts = Counter(_parallel(copy_one, sorted(src.iter_fingerprints()), progress))
@@ -244,6 +279,7 @@ def copy(
         replaced=counts[PutOutcome.REPLACED.value],
         kept=counts[PutOutcome.KEPT.value],
         invalid=counts["invalid"],
+        rejected=counts["rejected"],
         vanished=counts["vanished"],
     )
 
@@ -276,6 +312,8 @@ class Pruning:
     invalid: int
     """Records that are no plan of this version (invalid, or of another schema), left in
     place; ``verify(fix=True)`` deletes the invalid ones."""
+    rejected: int = 0
+    """Records whose signature the store's keys reject, left in place."""
 
 
 def prune(
@@ -286,7 +324,8 @@ def prune(
     the store's compare-and-swap (``rewrite``), so that observations written since are kept,
     and the tombstones of observations so dated (a copy of one is pruned anyway); a record is
     deleted only when none of its observations and tombstones is left. On a local store,
-    also the temp files killed writers left, and the crash marks older than ``older_than``."""
+    also the temp files killed writers left, and the crash marks older than ``older_than``.
+    Records the store's keys reject are left as they are."""
     at = time.time() if now is None else now
 
     def fresh(o: Observation) -> bool:
@@ -299,8 +338,10 @@ def prune(
     pruned: list[Plan] = []
     dropped = ahead = deleted = 0
     for e in entries:
-        if e.plan is None or (
-            all(map(fresh, e.plan.observations)) and all(map(recent, e.plan.retracted))
+        if (
+            e.plan is None
+            or e.rejected is not None
+            or (all(map(fresh, e.plan.observations)) and all(map(recent, e.plan.retracted)))
         ):
             continue
         pruned.append(e.plan)
@@ -316,7 +357,8 @@ def prune(
         temps = store.remove_stale_temp_files(dry_run=dry_run)
         marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
     invalid = sum(e.plan is None for e in entries)
-    return Pruning(pruned, dropped, ahead, deleted, temps, marks, invalid)
+    rejected = sum(e.rejected is not None for e in entries)
+    return Pruning(pruned, dropped, ahead, deleted, temps, marks, invalid, rejected)
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
@@ -341,5 +383,7 @@ def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
         "age_seconds": (time.time() if now is None else now) - p.created_at,
         "producer": {} if p.newest is None else dict(p.newest.producer),
         "labels": dict(p.labels),
+        "signed_by": None if p.signature is None else p.signature.keyid,
+        "signature_error": entry.rejected,
         "bytes": len(entry.raw),
     }

@@ -11,6 +11,12 @@ record holds tombstones; a schema-1 record (plancache 0.1.0: one observation at 
 read as a one-point frontier and upgraded by the next write; any other schema is
 ``UnsupportedSchemaError``.
 
+Signatures (``signature``, optional): ``{"keyid": <16 hex>, "hmac_sha256": <64 hex>}``, the
+HMAC-SHA256 of :meth:`Plan.payload` (the record's canonical encoding without its signature)
+under the key ``keyid`` names. This module only carries it; ``plancache.signing`` makes and
+checks it. ``Plan.signature`` takes no part in equality: two records with the same content
+are equal however (or whether) they are signed.
+
 Tombstones (``retracted``): a retracted observation is removed from the record and named by a
 tombstone (its digest, its ``created_at`` and when it was retracted), so that merging an older
 copy never brings it back (see ``plancache.merge``). A record whose every observation was
@@ -27,7 +33,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -204,8 +210,10 @@ _OBSERVATION_FIELDS = ("kv_cache_memory_bytes", "free_memory_baseline", "created
 _TOMBSTONE_FIELDS = ("observation", "created_at", "retracted_at")
 
 
-def _is_digest(value: object) -> bool:
-    return type(value) is str and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+def _is_hex(value: object, length: int) -> bool:
+    return (
+        type(value) is str and len(value) == length and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,7 @@ class Tombstone:
     retracted_at: float
 
     def __post_init__(self) -> None:
-        if not _is_digest(self.observation):
+        if not _is_hex(self.observation, 64):
             raise InvalidPlanError("a tombstone names an observation by its sha256 hex digest")
         object.__setattr__(self, "created_at", _timestamp(self.created_at))
         object.__setattr__(self, "retracted_at", _timestamp(self.retracted_at))
@@ -244,6 +252,39 @@ class Tombstone:
         return cls(**{k: obj[k] for k in _TOMBSTONE_FIELDS})
 
 
+KEY_ID_CHARS = 16
+"""Hex digits of a key id (``plancache.signing.key_id``)."""
+_MAC_CHARS = 64
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A record's signature: the id of the key (``KEY_ID_CHARS`` lowercase hex) and the
+    HMAC-SHA256 of ``Plan.payload`` under that key (64 lowercase hex). Checked for form
+    only; whether it is right is ``plancache.signing``'s to say."""
+
+    keyid: str
+    hmac_sha256: str
+
+    def __post_init__(self) -> None:
+        if not _is_hex(self.keyid, KEY_ID_CHARS):
+            raise InvalidPlanError(f"a signature's keyid is {KEY_ID_CHARS} lowercase hex digits")
+        if not _is_hex(self.hmac_sha256, _MAC_CHARS):
+            raise InvalidPlanError(
+                f"a signature's hmac_sha256 is {_MAC_CHARS} lowercase hex digits"
+            )
+
+    def to_dict(self) -> dict[str, str]:
+        return {"keyid": self.keyid, "hmac_sha256": self.hmac_sha256}
+
+    @classmethod
+    def from_dict(cls, obj: object) -> Signature:
+        """Validate decoded JSON; raises only ``InvalidPlanError``."""
+        if not isinstance(obj, dict) or set(obj) != {"keyid", "hmac_sha256"}:
+            raise InvalidPlanError("a signature is an object with keyid and hmac_sha256 only")
+        return cls(obj["keyid"], obj["hmac_sha256"])
+
+
 @dataclass(frozen=True)
 class Plan:
     """One validated record. Construction validates every rule; instances are valid.
@@ -253,6 +294,8 @@ class Plan:
     ``schema`` is the schema the record was read as (``LEGACY_SCHEMA`` or ``SCHEMA``);
     ``encode`` always writes ``SCHEMA``. ``retracted``: tombstones sorted by digest, none
     naming an observation of the record; a record without observations holds at least one.
+    ``signature``: carried as read (``Plan.decode``) or made by ``plancache.signing``; never
+    compared, and dropped by everything that builds a new record (merge, ``keeping``).
     """
 
     fingerprint: str
@@ -261,6 +304,7 @@ class Plan:
     labels: Mapping[str, Scalar] = field(default_factory=dict)
     schema: int = SCHEMA
     retracted: tuple[Tombstone, ...] = ()
+    signature: Signature | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
@@ -285,6 +329,8 @@ class Plan:
             raise InvalidPlanError(
                 f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with tombstones)"
             )
+        if self.signature is not None and not isinstance(self.signature, Signature):
+            raise InvalidPlanError("signature must be a Signature or None")
         dead = {t.observation for t in tombs}
         if dead and any(o.digest in dead for o in obs):
             raise InvalidPlanError("a record holds an observation it also retracted")
@@ -356,9 +402,12 @@ class Plan:
             return None
         return Plan(self.fingerprint, self.factors, kept, self.labels, retracted=tombs)
 
+    def signed(self, signature: Signature | None) -> Plan:
+        """This record carrying ``signature`` (None: unsigned); the content is unchanged."""
+        return replace(self, signature=signature)
+
     # -- encoding -------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """The record as plain JSON-ready data (always in schema ``SCHEMA``)."""
+    def _body(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "fingerprint": self.fingerprint,
@@ -367,8 +416,23 @@ class Plan:
             "labels": dict(self.labels),
         } | ({"retracted": [t.to_dict() for t in self.retracted]} if self.retracted else {})
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-ready data (always in schema ``SCHEMA``), its signature
+        included when it carries one."""
+        body = self._body()
+        if self.signature is not None:
+            body["signature"] = self.signature.to_dict()
+        return body
+
+    def payload(self) -> bytes:
+        """Canonical bytes of the record without its signature (orjson, sorted keys): what a
+        signature covers. Equal records have equal payloads."""
+        return orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
+
     def encode(self) -> bytes:
-        """JSON bytes of the record; raises :class:`InvalidPlanError` if over the size limit."""
+        """JSON bytes of the record (sorted keys), its signature included; raises
+        :class:`InvalidPlanError` if over the size limit. An unsigned record encodes as its
+        :meth:`payload`."""
         data = orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
         if len(data) > MAX_RECORD_BYTES:
             raise InvalidPlanError(f"record is {len(data)} bytes, over {MAX_RECORD_BYTES}")
@@ -379,7 +443,8 @@ class Plan:
         """Parse and validate a record. Raises only :class:`InvalidPlanError`.
 
         ``expected_fingerprint`` (the key the record was read under) must match the body.
-        Unknown top-level fields are ignored; duplicate keys are invalid; a schema-1 record
+        Unknown top-level fields are ignored; a ``signature`` must be well formed (it is
+        carried, not checked); duplicate keys are invalid; a schema-1 record
         is read as a one-point frontier; another integer ``schema`` raises
         :class:`UnsupportedSchemaError` (a miss for the cache; stores never overwrite it).
         """
@@ -413,6 +478,9 @@ class Plan:
         tombs = obj.get("retracted", []) if schema == SCHEMA else []
         if not isinstance(tombs, list):
             raise InvalidPlanError("retracted must be a JSON array")
+        signature = None
+        if schema == SCHEMA and "signature" in obj:
+            signature = Signature.from_dict(obj["signature"])
         return cls(
             obj["fingerprint"],
             obj["factors"],
@@ -420,6 +488,7 @@ class Plan:
             obj.get("labels", {}),
             schema,
             tuple(Tombstone.from_dict(t) for t in tombs),
+            signature,
         )
 
 

@@ -24,6 +24,8 @@ class Reason(enum.StrEnum):
     """The only applicable observations are ones a boot on this node crashed after applying."""
     INVALID = "invalid"
     """The stored record breaks a rule of the format."""
+    INVALID_SIGNATURE = "invalid:signature"
+    """Keys are configured and the record lacks a valid signature from an accepted key."""
     INVALID_FACTORS = "invalid-factors"
     STORE_ERROR = "store-error"
     TIMEOUT = "timeout"

@@ -2,7 +2,8 @@
 
 Backends implement five primitives (read with a version token, create-if-absent,
 replace-if-version-matches, delete, list); everything else, including the merge of
-concurrent writers, lives here once.
+concurrent writers and the signing of what is written (``PlanStore.keyring``, see
+``plancache.signing``), lives here once.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
-from plancache.errors import InvalidPlanError, PlanStoreConflictError, UnsupportedSchemaError
+from plancache.errors import (
+    InvalidPlanError,
+    PlanStoreConflictError,
+    PlanStorePermissionError,
+    UnsupportedSchemaError,
+)
 from plancache.fingerprint import validate_key
 from plancache.merge import merge, retract
 from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Observation, Plan
+from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")
 
@@ -44,8 +51,10 @@ class PlanStore(ABC):
     """Where plans live. Guarantees, for every backend that passes the conformance suite:
 
     - ``get`` returns a valid plan, None for a missing one, or raises ``InvalidPlanError``
-      for a record that breaks a rule; never a torn record.
-    - ``put`` is atomic and merges: the stored record becomes the merge of it and the new one.
+      for a record that breaks a rule (``InvalidSignatureError`` for one the keyring does
+      not accept); never a torn record.
+    - ``put`` is atomic and merges: the stored record becomes the merge of it and the new one
+      (signed, or kept, as the keyring's rules say).
     - transport and permission failures raise ``PlanStoreError`` subclasses.
     - every key is validated before any I/O.
     """
@@ -54,6 +63,13 @@ class PlanStore(ABC):
     atomic: bool = True
     #: Bound on the merge loop's attempts when racing writers keep winning.
     max_put_attempts: int = 16
+    #: Signs what the store writes and judges what it reads (``plancache.signing``).
+    keyring: Keyring = NO_KEYS
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        """Sign and judge records with ``keyring`` from now on (``Settings.open_store`` does
+        this with the configured keys)."""
+        self.keyring = keyring
 
     @property
     @abstractmethod
@@ -87,11 +103,12 @@ class PlanStore(ABC):
     # -- the public contract ------------------------------------------------------------
     def get(self, fp: str) -> Plan | None:
         """The valid plan stored under ``fp``, or None. Invalid records raise
-        ``InvalidPlanError``; store failures raise ``PlanStoreError``."""
+        ``InvalidPlanError`` (``InvalidSignatureError`` where the keyring holds keys and none
+        of them signed the record); store failures raise ``PlanStoreError``."""
         found = self._read(validate_key(fp))
         if found is None:
             return None
-        return Plan.decode(found[0], expected_fingerprint=fp)
+        return self.keyring.check(Plan.decode(found[0], expected_fingerprint=fp))
 
     def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
         """Like ``get``; stores with several tiers keep looking while the plan they found
@@ -110,26 +127,41 @@ class PlanStore(ABC):
         schema-1 record, or to replace an invalid one), else keep it. A record of an
         unknown schema is kept, never overwritten. Lost races re-read and merge again, at
         most ``max_put_attempts`` times, then ``PlanStoreConflictError``. No observation of
-        a CREATED or REPLACED put is lost unless the merge's bound or dominance drops it."""
+        a CREATED or REPLACED put is lost unless the merge's bound or dominance drops it.
+
+        Signatures (``self.keyring``, rules in ``plancache.signing``): with a signing key,
+        what is written is signed, and a stored record without a valid signature counts as
+        invalid (replaced by ``plan`` alone); without one, a signed record is never replaced
+        by an unsigned merge (KEPT)."""
+        keys = self.keyring
         fp = validate_key(plan.fingerprint)
-        data = plan.encode()
+        new = keys.seal(plan)
+        data = new.encode()
         for _ in range(self.max_put_attempts):
             if self._create(fp, data):
-                return PutOutcome.CREATED, plan
+                return PutOutcome.CREATED, new
             found = self._read(fp)
             if found is None:  # deleted since: try to create again
                 continue
             raw, version = found
             try:
-                stored = Plan.decode(raw, expected_fingerprint=fp)
+                stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
             except UnsupportedSchemaError:
                 return PutOutcome.KEPT, None  # another version's record: not ours to replace
             except InvalidPlanError as exc:
                 log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
-                merged = plan
+                merged = new
             else:
-                merged = merge(stored, plan)
-                if merged == stored and stored.schema == SCHEMA:
+                changed = merge(stored, new)
+                if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
+                    return PutOutcome.KEPT, stored
+                merged = keys.seal(new if changed == new else changed)  # a copy keeps its signature
+                if not keys.may_replace(stored, merged):
+                    log.warning(
+                        "plancache: record %s… is signed and this writer holds no signing key "
+                        "(PLANCACHE_SIGNING_KEY): kept as it is",
+                        fp[:12],
+                    )
                     return PutOutcome.KEPT, stored
             if self._replace(fp, merged.encode(), version):
                 return PutOutcome.REPLACED, merged
@@ -143,24 +175,36 @@ class PlanStore(ABC):
         is stored afterwards. A missing record stays missing and ``change`` is not called;
         an invalid one raises ``InvalidPlanError``. Lost races re-read and call ``change``
         again, at most ``max_put_attempts`` times. (A delete is not conditional: a record
-        written between the last read and the delete is lost with it.)"""
+        written between the last read and the delete is lost with it.)
+
+        Signatures as in ``put_merged``: with a signing key, the result is signed (an
+        unchanged record signed by another accepted key is re-signed) and a record without a
+        valid signature raises ``InvalidSignatureError``; without one, changing a signed
+        record raises ``PlanStorePermissionError``."""
         validate_key(fp)
+        keys = self.keyring
         for _ in range(self.max_put_attempts):
             found = self._read(fp)
             if found is None:
                 return None
             raw, version = found
-            stored = Plan.decode(raw, expected_fingerprint=fp)
+            stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
             changed = change(stored)
             if changed is None:
                 self._delete(fp)
                 return None
             if changed.fingerprint != fp:
                 raise ValueError("a rewrite cannot change the record's fingerprint")
-            if changed == stored and stored.schema == SCHEMA:
+            if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
                 return stored
-            if self._replace(fp, changed.encode(), version):
-                return changed
+            sealed = keys.seal(changed)
+            if not keys.may_replace(stored, sealed):
+                raise PlanStorePermissionError(
+                    f"{self.url}: record {fp[:12]}… is signed; changing it needs the signing "
+                    "key (PLANCACHE_SIGNING_KEY)"
+                )
+            if self._replace(fp, sealed.encode(), version):
+                return sealed
         raise PlanStoreConflictError(
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )

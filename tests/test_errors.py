@@ -42,6 +42,7 @@ def test_the_family() -> None:
     assert issubclass(errors.UnknownSchemeError, errors.UnsupportedStoreError)
     assert issubclass(errors.MissingExtraError, errors.UnsupportedStoreError)
     assert issubclass(errors.UnsupportedSchemaError, errors.InvalidPlanError)
+    assert issubclass(errors.InvalidSignatureError, errors.InvalidPlanError)
     assert not issubclass(errors.InvalidPlanError, errors.PlanStoreError)
 
 

@@ -254,6 +254,8 @@ def test_entry_dict(local: Stocked) -> None:
         "age_seconds": pytest.approx(20 * DAY + 5),
         "producer": {"host": "test"},
         "labels": {},
+        "signed_by": None,
+        "signature_error": None,
         "bytes": len(b.encode()),
     }
     bad = inventory.entry_dict(entries[BAD])

@@ -19,6 +19,7 @@ from plancache.backends import open_store
 from plancache.errors import PlanStoreUnavailableError
 from plancache.plan import Plan
 from plancache.redaction import without_userinfo
+from plancache.signing import Keyring
 from plancache.store import PlanStore, PutOutcome
 
 OPEN_TIMEOUT_S = 5.0
@@ -57,9 +58,18 @@ class LazyStore(PlanStore):
         """The opened store's; True until it is open."""
         return self._store.atomic if self._store is not None else True
 
+    def use_keyring(self, keyring: Keyring) -> None:
+        """Sign and judge records with ``keyring``, in the opened store too (now or once it
+        opens)."""
+        super().use_keyring(keyring)
+        if self._store is not None:
+            self._store.use_keyring(keyring)
+
     def _open(self) -> None:
         try:
-            self._store = self._opener()
+            store = self._opener()
+            store.use_keyring(self.keyring)
+            self._store = store
         except BaseException as exc:  # handed to the waiting caller
             self._error = exc
         finally:

@@ -3,7 +3,9 @@
 Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
 caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
 local tier. Writes: remote first (skipped in read-only mode), then local. The local tier is a cache:
-its failures are logged and never fail a read or write that the remote served.
+its failures are logged and never fail a read or write that the remote served. The keyring
+(``use_keyring``) applies to both tiers: a local record without a valid signature is not
+applied, it is logged and the remote is read instead.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
 from plancache.plan import Plan
+from plancache.signing import Keyring
 from plancache.store import PlanStore, PutOutcome
 
 log = logging.getLogger("plancache")
@@ -35,6 +38,13 @@ class TieredStore(PlanStore):
     @property
     def url(self) -> str:
         return self.remote.url
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        """Sign and judge records with ``keyring`` in both tiers."""
+        super().use_keyring(keyring)
+        self.remote.use_keyring(keyring)
+        if self.local is not None:
+            self.local.use_keyring(keyring)
 
     def __repr__(self) -> str:
         mode = ", read_only=True" if self.read_only else ""

@@ -15,6 +15,10 @@ SETTINGS_VARS = (
     "PLANCACHE_READ_ONLY",
     "PLANCACHE_LOCAL_TIER",
     "PLANCACHE_STORAGE_OPTIONS",
+    "PLANCACHE_SIGNING_KEY",
+    "PLANCACHE_SIGNING_KEY_FILE",
+    "PLANCACHE_VERIFY_KEYS",
+    "PLANCACHE_VERIFY_KEYS_FILE",
     "VLLM_ENABLE_STARTUP_PLAN",
 )
 """Variables that change what plancache does; a child inherits none of them from the test."""

@@ -1,0 +1,212 @@
+"""Signed plans: keys, key ids, and the rules by which stores sign and judge records (pure).
+
+A signature is the HMAC-SHA256 of a record's canonical encoding without its signature
+(``Plan.payload``) under a secret key, stored in the record with the key's id
+(``Plan.signature``). A key is a string of at least ``MIN_KEY_CHARS`` characters without
+whitespace or commas (``openssl rand -hex 32`` makes one); its id is derived from it
+(``key_id``: 16 hex digits of an HMAC of a fixed text under the key), so no name has to be
+given and two different keys get different ids.
+
+A ``Keyring`` holds an optional signing key and the accepted keys (the verify keys and the
+signing key). Every store has one (``PlanStore.keyring``; ``NO_KEYS`` by default), and the
+store's merge loop follows these rules through it:
+
+- Reading (``check``): with no accepted key, a record is read as it is (a signature is
+  carried, not judged). With accepted keys, only a record signed by one of them, whose
+  signature matches its content, is used; any other raises ``InvalidSignatureError``
+  (reason ``invalid:signature``).
+- Writing with a signing key (``seal``): every record written is signed with it. The stored
+  record is judged first (``base``): one that fails ``check`` is not trusted, so it is
+  replaced by the new record alone (its observations are not merged in). A valid record
+  signed by another accepted key is re-signed with the signing key at the next write.
+- Writing without a signing key: records are written unsigned, except an unchanged copy of
+  a signed record, which keeps its signature. Such a writer never replaces a signed record by
+  one it cannot vouch for (``may_replace``): its put keeps the signed record and writes
+  nothing, and its rewrite (retract, prune) raises ``PlanStorePermissionError``.
+
+Keys appear in no ``repr``, message or log line; only their ids do.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+
+from plancache.errors import ConfigError, InvalidSignatureError
+from plancache.plan import KEY_ID_CHARS, Plan, Signature
+
+MIN_KEY_CHARS = 16
+"""Shortest key accepted."""
+_KEY_ID_TEXT = b"plancache key id"
+_SEPARATORS = re.compile(r"[\s,]+")
+
+
+class Verdict(enum.StrEnum):
+    """What a keyring makes of a record's signature."""
+
+    VALID = "valid"
+    """Signed by an accepted key, and the signature matches the content."""
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown-key"
+    """Signed by a key this keyring does not accept."""
+    BAD_MAC = "bad-mac"
+    """Signed under an accepted key's id, but the signature does not match the content: the
+    record changed after signing, or another key claims that id."""
+
+
+def key_id(key: str) -> str:
+    """The id of ``key``: the first 16 hex digits of HMAC-SHA256(key, "plancache key id")."""
+    mac = hmac.new(key.encode(), _KEY_ID_TEXT, hashlib.sha256).hexdigest()
+    return mac[:KEY_ID_CHARS]
+
+
+def parse_keys(text: str, source: str) -> list[str]:
+    """The keys in ``text`` (the value of ``source``, a variable or file): separated by
+    whitespace, commas or newlines; lines starting with ``#`` are comments. Raises
+    ``ConfigError`` naming ``source`` and the key's position, never the key."""
+    lines = (line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    keys = [k for line in lines for k in _SEPARATORS.split(line) if k]
+    for n, key in enumerate(keys, 1):
+        if len(key) < MIN_KEY_CHARS:
+            raise ConfigError(
+                f"{source}: key {n} has {len(key)} characters; a key has at least "
+                f"{MIN_KEY_CHARS} (make one with `openssl rand -hex 32`)"
+            )
+    return keys
+
+
+def _mac(key: bytes, payload: bytes) -> str:
+    return hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+class Keyring:
+    """A signing key (optional) and the keys whose signatures are accepted (the verify keys
+    and the signing key). Without any key, records are neither signed nor judged."""
+
+    __slots__ = ("_keys", "_signing")
+
+    def __init__(self, signing_key: str | None = None, verify_keys: Iterable[str] = ()) -> None:
+        """Raises ``ConfigError`` (without the key) for a key shorter than ``MIN_KEY_CHARS``
+        or holding whitespace or commas."""
+        keys = [] if signing_key is None else [signing_key]
+        keys += list(verify_keys)
+        for key in keys:
+            if len(key) < MIN_KEY_CHARS or _SEPARATORS.search(key):
+                raise ConfigError(
+                    f"a signing key has at least {MIN_KEY_CHARS} characters and no whitespace "
+                    "or commas"
+                )
+        self._keys = {key_id(k): k.encode() for k in keys}
+        self._signing = None if signing_key is None else key_id(signing_key)
+
+    def __repr__(self) -> str:
+        return f"Keyring(signing={self._signing!r}, accepted={list(self.key_ids)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Keyring):
+            return NotImplemented
+        return (self._signing, self._keys) == (other._signing, other._keys)
+
+    def __hash__(self) -> int:
+        return hash((self._signing, self.key_ids))
+
+    @property
+    def signing_key_id(self) -> str | None:
+        """The id of the key new records are signed with (None: this keyring cannot sign)."""
+        return self._signing
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """The ids of the accepted keys, sorted."""
+        return tuple(sorted(self._keys))
+
+    @property
+    def can_sign(self) -> bool:
+        return self._signing is not None
+
+    @property
+    def requires_signature(self) -> bool:
+        """True when any key is accepted: only validly signed records are used."""
+        return bool(self._keys)
+
+    def scrub(self, message: str) -> str:
+        """``message`` with every key of this keyring masked (for messages built from
+        foreign text, e.g. the CLI's error line)."""
+        for key in self._keys.values():
+            message = message.replace(key.decode(), "***")
+        return message
+
+    # -- signing and judging ----------------------------------------------------------------
+    def sign(self, plan: Plan) -> Plan:
+        """``plan`` signed with the signing key (whatever signature it carried is replaced);
+        ``ValueError`` without a signing key."""
+        if self._signing is None:
+            raise ValueError("this keyring holds no signing key")
+        mac = _mac(self._keys[self._signing], plan.payload())
+        return plan.signed(Signature(self._signing, mac))
+
+    def verdict(self, plan: Plan) -> Verdict:
+        """What this keyring makes of ``plan``'s signature (``UNKNOWN_KEY`` for any
+        signature when it holds no key)."""
+        sig = plan.signature
+        if sig is None:
+            return Verdict.UNSIGNED
+        key = self._keys.get(sig.keyid)
+        if key is None:
+            return Verdict.UNKNOWN_KEY
+        if not hmac.compare_digest(_mac(key, plan.payload()), sig.hmac_sha256):
+            return Verdict.BAD_MAC
+        return Verdict.VALID
+
+    def check(self, plan: Plan) -> Plan:
+        """``plan``, if this keyring holds no key or ``plan`` is validly signed by an
+        accepted one; else ``InvalidSignatureError`` saying why."""
+        if not self._keys:
+            return plan
+        verdict = self.verdict(plan)
+        if verdict is Verdict.VALID:
+            return plan
+        sig = plan.signature
+        if sig is None:
+            raise InvalidSignatureError("record is not signed")
+        if verdict is Verdict.UNKNOWN_KEY:
+            raise InvalidSignatureError(f"record is signed by key {sig.keyid}, not an accepted one")
+        raise InvalidSignatureError(
+            f"record's signature by key {sig.keyid} does not match its content "
+            "(changed after signing)"
+        )
+
+    # -- the writer's rules (see the module docstring) -------------------------------------
+    def seal(self, plan: Plan) -> Plan:
+        """``plan`` as a writer with this keyring writes it: signed with the signing key,
+        else as it is (with the signature it carries, if any)."""
+        return self.sign(plan) if self._signing is not None else plan
+
+    def base(self, stored: Plan) -> Plan:
+        """The stored record a write may build on: a signing keyring only builds on records
+        that pass ``check`` (it never signs observations it did not verify); others build on
+        any record. Raises ``InvalidSignatureError``."""
+        return self.check(stored) if self._signing is not None else stored
+
+    def settled(self, stored: Plan) -> bool:
+        """True if ``stored`` is signed as this keyring would write it: no signing key, or
+        signed with the signing key (else a write re-signs it)."""
+        sig = stored.signature
+        return self._signing is None or (sig is not None and sig.keyid == self._signing)
+
+    def may_replace(self, stored: Plan, sealed: Plan) -> bool:
+        """False where writing ``sealed`` over ``stored`` would downgrade a signed record: the
+        stored one is signed and ``sealed`` is unsigned, or signed in a way this keyring
+        does not accept (when it holds keys)."""
+        if stored.signature is None:
+            return True
+        if sealed.signature is None:
+            return False
+        return not self._keys or self.verdict(sealed) is Verdict.VALID
+
+
+NO_KEYS = Keyring()
+"""The keyring of a store no keys were given to: records are written and read as they are."""
