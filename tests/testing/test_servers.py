@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,10 +17,12 @@ from plancache.testing import child_env, make_plan
 from plancache.testing.servers import (
     FAKE_AWS_ENV,
     FakeGCS,
+    FixedResponseServer,
     MotoS3,
     closed_port,
     gcs_server,
     s3_server,
+    with_latency,
 )
 
 
@@ -61,3 +65,26 @@ def test_put_object_stores_bytes_verbatim(
 def test_closed_port_refuses_connections() -> None:
     with socket.socket() as s, pytest.raises(ConnectionRefusedError):
         s.connect(("127.0.0.1", closed_port()))
+
+
+def _request(endpoint: str, method: str, body: bytes | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(endpoint.removeprefix("http://"), timeout=10)
+    try:
+        conn.request(method, "/a?b=1", body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_with_latency_delays_every_request() -> None:
+    with FixedResponseServer(200, b"ok") as upstream:
+        spec = ("s3://bucket", {"endpoint_url": upstream.endpoint, "key": "k"})
+        with with_latency(spec, 0.3) as (url, options):
+            assert url == "s3://bucket" and options["key"] == "k"
+            assert options["endpoint_url"] != upstream.endpoint
+            for _ in range(2):
+                start = time.monotonic()
+                assert _request(options["endpoint_url"], "GET") == (200, b"ok")
+                assert time.monotonic() - start >= 0.3
+        assert upstream.count == 2
