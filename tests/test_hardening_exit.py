@@ -23,8 +23,7 @@ import pytest
 
 from plancache.fingerprint import object_name
 from plancache.testing import child_env, make_plan
-from plancache.testing.servers import SilentServer, closed_port
-from tests.hostile import Reply, ScriptedServer
+from plancache.testing.servers import Reply, ScriptedServer, SilentServer, closed_port
 
 Wrap = Callable[[list[str]], list[str]]
 BLACK_HOLE = "http://plancache-black-hole.example:9000"

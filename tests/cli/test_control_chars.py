@@ -12,8 +12,8 @@ from pathlib import Path
 from plancache import Plan, fingerprint, open_store
 from plancache.plan import Observation, Scalar
 from plancache.testing import GiB, child_env
+from plancache.testing.servers import FixedResponseServer
 from tests.cli.helpers import write_raw
-from tests.hostile import ScriptedServer, fixed
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202e\x00"
 """Clear screen, set the window title, bell, carriage return, an 8-bit CSI, a right-to-left
@@ -69,7 +69,7 @@ def test_control_characters_are_escaped_in_every_line(tmp_path: Path) -> None:
 
 def test_control_characters_in_an_endpoint_error_are_escaped() -> None:
     body = json.dumps({"error": {"code": 403, "message": f"denied{HOSTILE}"}}).encode()
-    with ScriptedServer(fixed(403, body, {"Content-Type": "application/json"})) as server:
+    with FixedResponseServer(403, body, {"Content-Type": "application/json"}) as server:
         options = json.dumps({"endpoint_url": server.endpoint, "token": "anon"})
         result = _out("ls", "gs://bucket/p", "--storage-options", options)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from plancache.testing import child_env
-from tests.hostile import ScriptedServer, fixed
+from plancache.testing.servers import FixedResponseServer, ScriptedServer
 from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
 
 COMMAND_BOUND_S = 30.0
@@ -83,7 +83,7 @@ def test_an_unexpected_listing_answer_is_one_error_line(
 
 def test_an_unexpected_failure_is_one_error_line_and_debug_shows_it_scrubbed() -> None:
     secret = "hunter2-not-for-logs"
-    with ScriptedServer(fixed(500, b"failing")) as server:
+    with FixedResponseServer(500, b"failing") as server:
         host = server.endpoint.removeprefix("http://")
         for url in (f"http://{host}/p?token={secret}", f"http://user:{secret}@{host}/p"):
             result, _ = plancache("ls", url)

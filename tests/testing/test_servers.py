@@ -19,6 +19,8 @@ from plancache.testing.servers import (
     FakeGCS,
     FixedResponseServer,
     MotoS3,
+    Reply,
+    ScriptedServer,
     closed_port,
     gcs_server,
     s3_server,
@@ -77,6 +79,31 @@ def _request(endpoint: str, method: str, body: bytes | None = None) -> tuple[int
         conn.close()
 
 
+def test_a_scripted_server_answers_as_told_and_records_requests() -> None:
+    def respond(method: str, path: str, body: bytes) -> Reply:
+        return 201, {"Content-Type": "text/plain"}, [method.encode(), b" ", body]
+
+    with ScriptedServer(respond) as server:
+        assert _request(server.endpoint, "PUT", b"chunked back") == (201, b"PUT chunked back")
+        assert _request(server.endpoint, "GET") == (201, b"GET ")
+        assert server.requests == [("PUT", "/a?b=1"), ("GET", "/a?b=1")]
+        server.reset()
+        assert server.requests == []
+
+
+def test_a_fixed_response_server_streams_an_endless_body_until_the_client_leaves() -> None:
+    with FixedResponseServer(500, None) as server:
+        conn = http.client.HTTPConnection(server.endpoint.removeprefix("http://"), timeout=10)
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        assert resp.status == 500 and resp.getheader("Transfer-Encoding") == "chunked"
+        assert len(resp.read(4 << 20)) == 4 << 20
+        conn.close()
+    with FixedResponseServer(403, b"denied") as server:
+        assert _request(server.endpoint, "GET") == (403, b"denied")
+        assert len(server.requests) == 1
+
+
 def test_with_latency_delays_every_request() -> None:
     with FixedResponseServer(200, b"ok") as upstream:
         spec = ("s3://bucket", {"endpoint_url": upstream.endpoint, "key": "k"})
@@ -87,4 +114,4 @@ def test_with_latency_delays_every_request() -> None:
                 start = time.monotonic()
                 assert _request(options["endpoint_url"], "GET") == (200, b"ok")
                 assert time.monotonic() - start >= 0.3
-        assert upstream.count == 2
+        assert len(upstream.requests) == 2
