@@ -25,16 +25,20 @@ RemoteSpec = tuple[str, dict[str, Any]]
 
 
 def run(
-    *args: str, env: Mapping[str, str] | None = None, stdin: str | None = None
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m plancache ARGS`` and return its result (never raises on exit codes)."""
+    """Run ``python -m plancache ARGS`` and return its result (never raises on exit codes;
+    fails the test past ``timeout`` seconds)."""
     return subprocess.run(
         [sys.executable, "-m", "plancache", *args],
         input=stdin,
         capture_output=True,
         text=True,
         env=dict(env) if env is not None else child_env(),
-        timeout=120,
+        timeout=timeout,
     )
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from plancache import Plan, fingerprint, open_store
 from plancache.plan import Observation, Scalar
-from plancache.testing import GiB, child_env
+from plancache.testing import GiB
 from plancache.testing.servers import FixedResponseServer
-from tests.cli.helpers import write_raw
+from tests.cli.helpers import run, write_raw
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202e\x00"
 """Clear screen, set the window title, bell, carriage return, an 8-bit CSI, a right-to-left
@@ -25,13 +24,7 @@ def _printable(text: str) -> bool:
 
 
 def _out(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "plancache", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-    )
+    return run(*args, timeout=60)
 
 
 def test_control_characters_are_escaped_in_every_line(tmp_path: Path) -> None:

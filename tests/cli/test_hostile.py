@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from plancache.testing import child_env
 from plancache.testing.servers import FixedResponseServer, ScriptedServer
+from tests.cli.helpers import run
 from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
 
 COMMAND_BOUND_S = 30.0
@@ -22,13 +21,7 @@ def plancache(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """``python -m plancache ARGS`` (which must end within ``COMMAND_BOUND_S``) and the
     seconds it took."""
     start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "plancache", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=COMMAND_BOUND_S,
-    )
+    result = run(*args, timeout=COMMAND_BOUND_S)
     return result, time.monotonic() - start
 
 

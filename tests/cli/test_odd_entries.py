@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +15,7 @@ import pytest
 
 from plancache import fingerprint, open_store
 from plancache.fingerprint import object_name
-from plancache.testing import child_env
-from tests.cli.helpers import named_plan
+from tests.cli.helpers import named_plan, run
 
 VALID = named_plan("valid")
 ODD_FP = fingerprint({"model": "odd"})
@@ -69,13 +67,7 @@ ODD: dict[str, tuple[Callable[[Path], None], str]] = {
 
 def plancache(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m plancache ARGS``, which must end within ``COMMAND_BOUND_S``."""
-    return subprocess.run(
-        [sys.executable, "-m", "plancache", *args],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=COMMAND_BOUND_S,
-    )
+    return run(*args, timeout=COMMAND_BOUND_S)
 
 
 @pytest.fixture(params=sorted(ODD))
