@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,59 +19,17 @@ from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavaila
 from plancache.fingerprint import object_name
 from plancache.store import PutOutcome
 from plancache.testing import GiB, make_plan
+from tests.helpers import ODD_ENTRIES, plant_odd_entry, within
 
 PLAN = make_plan()
 VALID = make_plan(factors={"model": "valid/one", "rank": 0})
 
 
-def _fifo(path: Path) -> None:
-    os.mkfifo(path)
-
-
-def _socket(path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # a relative name: the full path may be over AF_UNIX's 108 bytes
-    try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.bind(path.name)
-    finally:
-        os.chdir(cwd)
-
-
-def _directory(path: Path) -> None:
-    path.mkdir()
-    (path / "inside").write_text("x")
-
-
-def _dangling(path: Path) -> None:
-    path.symlink_to(path.parent / "nowhere")
-
-
-def _loop(path: Path) -> None:
-    path.symlink_to(path)
-
-
-def _link_to_a_plan(path: Path) -> None:
-    outside = path.parent.parent / "outside.json"
-    outside.write_bytes(PLAN.encode())
-    path.symlink_to(outside)
-
-
-ODD: dict[str, Callable[[Path], None]] = {
-    "fifo": _fifo,
-    "socket": _socket,
-    "directory": _directory,
-    "dangling-symlink": _dangling,
-    "symlink-loop": _loop,
-    "symlink": _link_to_a_plan,
-}
-
-
-@pytest.fixture(params=sorted(ODD))
+@pytest.fixture(params=ODD_ENTRIES)
 def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStore]:
     store = LocalStore(tmp_path / "store")
     store.put(VALID)
-    ODD[request.param](store.root / object_name(PLAN.fingerprint))
+    plant_odd_entry(request.param, store.root / object_name(PLAN.fingerprint), PLAN)
     yield store
     path = store.root / object_name(PLAN.fingerprint)
     if path.is_fifo():  # wake a reader blocked in open() (the code before the fix)
@@ -80,43 +37,24 @@ def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalS
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def _within(seconds: float, fn: Callable[[], object]) -> object:
-    """``fn()``'s result or exception, failing the test if it takes over ``seconds``."""
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still running after {seconds} s"
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box.get("value")
-
-
 def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
     odd_store: LocalStore,
 ) -> None:
     store = odd_store
     with pytest.raises(InvalidPlanError, match="not a plan file"):
-        _within(2, lambda: store.get(PLAN.fingerprint))
+        within(2, lambda: store.get(PLAN.fingerprint))
     with pytest.raises(InvalidPlanError):
-        _within(2, lambda: store.read_raw(PLAN.fingerprint))
+        within(2, lambda: store.read_raw(PLAN.fingerprint))
     assert sorted(store.iter_fingerprints()) == sorted([VALID.fingerprint, PLAN.fingerprint])
     assert store.get(VALID.fingerprint) == VALID
-    assert _within(2, lambda: store.put(PLAN)) is PutOutcome.CREATED
+    assert within(2, lambda: store.put(PLAN)) is PutOutcome.CREATED
     assert store.get(PLAN.fingerprint) == PLAN
     assert (store.root / object_name(PLAN.fingerprint)).is_file()
 
 
 def test_odd_entry_is_deleted(odd_store: LocalStore) -> None:
     store = odd_store
-    assert _within(2, lambda: store.delete(PLAN.fingerprint)) is True
+    assert within(2, lambda: store.delete(PLAN.fingerprint)) is True
     assert not os.path.lexists(store.root / object_name(PLAN.fingerprint))
     assert list(store.iter_fingerprints()) == [VALID.fingerprint]
 
@@ -191,7 +129,7 @@ def test_lock_waits_are_bounded(tmp_path: Path) -> None:
     try:
         start = time.monotonic()
         with pytest.raises(PlanStoreUnavailableError, match="held the lock"):
-            _within(5, lambda: store.delete(PLAN.fingerprint))
+            within(5, lambda: store.delete(PLAN.fingerprint))
         assert time.monotonic() - start < 1.5
     finally:
         _release(holder)

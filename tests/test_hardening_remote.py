@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.servers import FakeGCS, Reply, Respond, ScriptedServer, SilentServer
+from tests.helpers import within
 
 TOKEN = "ya29.a0-hardening-raw-access-token"
 
@@ -109,24 +109,6 @@ def _store(backend: str, endpoint: str) -> ObjectStore:
     return store
 
 
-def _list_within(seconds: float, store: ObjectStore) -> list[str]:
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = list(store.iter_fingerprints())
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"listing still running after {seconds} s"
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
-
-
 PAGE = {"s3": _s3_page, "gcs": _gcs_page}
 
 
@@ -135,7 +117,7 @@ def test_a_repeated_page_token_ends_the_listing(backend: str) -> None:
     with ScriptedServer(_listing(backend, lambda n: PAGE[backend]("same"))) as server:
         store = _store(backend, server.endpoint)
         with pytest.raises(PlanStoreUnavailableError, match="repeated a page token"):
-            _list_within(10, store)
+            within(10, lambda: list(store.iter_fingerprints()))
         assert len(server.requests) == 2
 
 
@@ -145,13 +127,13 @@ def test_a_listing_is_bounded_in_pages_and_time(backend: str) -> None:
         store = _store(backend, server.endpoint)
         store.max_list_pages = 5
         with pytest.raises(PlanStoreUnavailableError, match="within 5 pages"):
-            _list_within(10, store)
+            within(10, lambda: list(store.iter_fingerprints()))
         assert len(server.requests) == 5
         store.max_list_pages = 10_000
         store.list_timeout = 0.5
         start = time.monotonic()
         with pytest.raises(PlanStoreUnavailableError, match=r"within 0.5 s"):
-            _list_within(10, store)
+            within(10, lambda: list(store.iter_fingerprints()))
         assert time.monotonic() - start < 2.0
 
 
@@ -174,4 +156,5 @@ def test_unexpected_listing_answers_are_store_errors(backend: str, body: bytes) 
         ScriptedServer(_listing(backend, lambda n: body)) as server,
         pytest.raises(PlanStoreError, match="unexpected answer"),
     ):
-        _list_within(10, _store(backend, server.endpoint))
+        store = _store(backend, server.endpoint)
+        within(10, lambda: list(store.iter_fingerprints()))

@@ -5,10 +5,9 @@ rest of the store works; ``verify --fix`` removes what it reports."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,53 +15,22 @@ import pytest
 from plancache import fingerprint, open_store
 from plancache.fingerprint import object_name
 from tests.cli.helpers import named_plan, run
+from tests.helpers import ODD_ENTRIES, plant_odd_entry
 
 VALID = named_plan("valid")
 ODD_FP = fingerprint({"model": "odd"})
 COMMAND_BOUND_S = 30.0
 
 
-def _fifo(path: Path) -> None:
-    os.mkfifo(path)
-
-
-def _socket(path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # a relative name: the full path may be over AF_UNIX's 108 bytes
-    try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.bind(path.name)
-    finally:
-        os.chdir(cwd)
-
-
-def _directory(path: Path) -> None:
-    path.mkdir()
-    (path / "inside").write_text("x")
-
-
-def _dangling(path: Path) -> None:
-    path.symlink_to(path.parent.parent / "nowhere")
-
-
-def _loop(path: Path) -> None:
-    path.symlink_to(path)
-
-
-def _link_to_a_plan(path: Path) -> None:
-    outside = path.parent.parent / "outside.json"
-    outside.write_bytes(named_plan("odd").encode())
-    path.symlink_to(outside)
-
-
-ODD: dict[str, tuple[Callable[[Path], None], str]] = {
-    "fifo": (_fifo, "is a FIFO"),
-    "socket": (_socket, "is a socket"),
-    "directory": (_directory, "is a directory"),
-    "dangling-symlink": (_dangling, "is a symbolic link"),
-    "symlink-loop": (_loop, "is a symbolic link"),
-    "symlink-to-a-plan": (_link_to_a_plan, "is a symbolic link"),
+WORDS = {
+    "fifo": "is a FIFO",
+    "socket": "is a socket",
+    "directory": "is a directory",
+    "dangling-symlink": "is a symbolic link",
+    "symlink-loop": "is a symbolic link",
+    "symlink-to-a-plan": "is a symbolic link",
 }
+"""The words that name each kind of odd entry."""
 
 
 def plancache(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,15 +38,14 @@ def plancache(*args: str) -> subprocess.CompletedProcess[str]:
     return run(*args, timeout=COMMAND_BOUND_S)
 
 
-@pytest.fixture(params=sorted(ODD))
+@pytest.fixture(params=ODD_ENTRIES)
 def odd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A local store with one valid plan and one odd entry named like a plan; its root and
     the words that name the entry's kind."""
     root = tmp_path / "store"
     open_store(str(root)).put(VALID)
-    make, words = ODD[request.param]
-    make(root / object_name(ODD_FP))
-    yield root, words
+    plant_odd_entry(request.param, root / object_name(ODD_FP), named_plan("odd"))
+    yield root, WORDS[request.param]
 
 
 def test_every_command_reports_an_odd_entry_and_works_on(

@@ -1,0 +1,75 @@
+"""What several test modules share: odd entries named like a plan in a local store (real
+FIFOs, sockets, directories and symbolic links), and a call bounded in time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from plancache import Plan
+
+T = TypeVar("T")
+
+
+def _socket(path: Path, plan: Plan) -> None:
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # a relative name: the full path may be over AF_UNIX's 108 bytes
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path.name)
+    finally:
+        os.chdir(cwd)
+
+
+def _directory(path: Path, plan: Plan) -> None:
+    path.mkdir()
+    (path / "inside").write_text("x")
+
+
+def _link_to_a_plan(path: Path, plan: Plan) -> None:
+    outside = path.parent.parent / "outside.json"
+    outside.write_bytes(plan.encode())
+    path.symlink_to(outside)
+
+
+_PLANT: dict[str, Callable[[Path, Plan], None]] = {
+    "dangling-symlink": lambda path, plan: path.symlink_to(path.parent.parent / "nowhere"),
+    "directory": _directory,
+    "fifo": lambda path, plan: os.mkfifo(path),
+    "socket": _socket,
+    "symlink-loop": lambda path, plan: path.symlink_to(path),
+    "symlink-to-a-plan": _link_to_a_plan,
+}
+ODD_ENTRIES = tuple(_PLANT)
+"""The kinds of entry ``plant_odd_entry`` makes."""
+
+
+def plant_odd_entry(kind: str, path: Path, plan: Plan) -> None:
+    """Make ``path``, in a store's root, an entry of ``kind`` that is no regular file: a
+    symbolic link to nothing, a directory (with a file in it), a FIFO, a socket, a link to
+    itself, or a link to ``outside.json`` next to the root, which holds ``plan``'s record."""
+    _PLANT[kind](path, plan)
+
+
+def within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()``'s result or exception, failing the test if it takes over ``seconds`` (``fn``
+    runs in a daemon thread, left behind when it does)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
