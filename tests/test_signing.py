@@ -9,7 +9,6 @@ import hmac
 import json
 import logging
 import secrets
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from plancache.plan import Plan, Signature
 from plancache.reasons import Reason, RecordReason
 from plancache.signing import MIN_KEY_CHARS, NO_KEYS, Keyring, Verdict, key_id, parse_keys
 from plancache.testing import FACTORS, GiB, make_plan
+from plancache.testing.contract import race
 from plancache.testing.servers import MotoS3
 
 OLD = secrets.token_hex(32)
@@ -353,22 +353,13 @@ def test_without_keys_records_are_byte_identical(tmp_path: Path) -> None:
 def test_racing_signing_threads_converge_on_a_signed_frontier(tmp_path: Path) -> None:
     plans = [make_plan(kv=(10 + i) * GiB, baseline=(60 + 2 * i) * GiB) for i in range(8)]
     ring = signer(OLD)
-    errors: list[BaseException] = []
 
     def put(plan: Plan) -> None:
         store = LocalStore(tmp_path)
         store.use_keyring(ring)
-        try:
-            store.put(plan)
-        except BaseException as exc:
-            errors.append(exc)
+        store.put(plan)
 
-    threads = [threading.Thread(target=put, args=(p,)) for p in plans]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors
+    assert not race(put, plans)
     reader = LocalStore(tmp_path)
     reader.use_keyring(Keyring(verify_keys=[OLD]))
     final = reader.get(FP)

@@ -15,6 +15,7 @@ contract test runs against your store, races across 16 threads and 16 processes 
 and per create, objects that standard tools read, listings that page); see its docstring.
 
 A fixture a subclass forgot fails every test that needs it with a message that names it.
+``race(fn, args)`` runs the thread race's calls; a backend's own race tests may use it too.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from __future__ import annotations
 import multiprocessing
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import orjson
 import pytest
@@ -37,6 +38,7 @@ from plancache.plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
 from plancache.testing.plans import GiB, make_plan
 from plancache.testing.servers import CountingProxy
 
+T = TypeVar("T")
 StoreSpec = tuple[str, dict[str, Any]]
 """``(url, storage_options)``: what ``open_store`` takes."""
 StoreFactory = Callable[[], PlanStore]
@@ -61,6 +63,27 @@ def missing_fixture(owner: object, name: str, what: str) -> NotImplementedError:
         f"{type(owner).__name__} must provide the {name!r} fixture: {what} "
         "(see plancache.testing.contract)"
     )
+
+
+def race(fn: Callable[[T], object], args: Sequence[T], timeout: float = 60) -> list[BaseException]:
+    """Call ``fn(arg)`` for every one of ``args``, each in its own thread, all let go at once;
+    wait up to ``timeout`` seconds for each thread; return what the calls raised."""
+    barrier = threading.Barrier(len(args))
+    errors: list[BaseException] = []
+
+    def call(arg: T) -> None:
+        barrier.wait()
+        try:
+            fn(arg)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return errors
 
 
 def _race_worker(open_store_: StoreFactory, seed: int, count: int) -> list[list[int]]:
@@ -292,22 +315,7 @@ class StoreContract:
             make_plan(rng.randint(1, 40) * GiB, rng.randint(40, 80) * GiB)
             for _ in range(self.race_threads)
         ]
-        barrier = threading.Barrier(len(plans))
-        errors: list[BaseException] = []
-
-        def put(p: Plan) -> None:
-            barrier.wait()
-            try:
-                store.put(p)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=put, args=(p,)) for p in plans]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not errors
+        assert not race(store.put, plans)
         self.assert_frontier_of(store, plans)
 
     def test_processes_racing_converge_on_an_undominated_plan(
