@@ -74,16 +74,15 @@ class Fleet:
         rounds: int,
         window: float,
         stragglers: float = 0.15,
-        straggle: float = 3.0,
     ) -> Fleet:
         """Free memory 130 GiB ±2 GiB; arrivals uniform in ``window``, except a fraction
-        ``stragglers`` that arrive up to ``straggle`` seconds after it; KV jitter ±64 MiB."""
+        ``stragglers`` that arrive up to two windows after it; KV jitter ±64 MiB."""
         rng = random.Random(seed)
         free = [130 * GiB + rng.randint(-FREE_SPREAD, FREE_SPREAD) for _ in range(nodes)]
 
         def arrive() -> float:
             late = rng.random() < stragglers
-            return window + rng.uniform(0, straggle) if late else rng.uniform(0, window)
+            return window + rng.uniform(0, 2 * window) if late else rng.uniform(0, window)
 
         arrival = [[arrive() for _ in range(nodes)] for _ in range(rounds)]
         jitter = [[rng.randint(-KV_JITTER, KV_JITTER) for _ in range(nodes)] for _ in range(rounds)]
@@ -213,14 +212,7 @@ def simulate(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Run every set-up for ``rounds`` rounds on ``nodes`` processes; returns the figures."""
-    fleet = Fleet.draw(
-        seed,
-        nodes=nodes,
-        configs=configs,
-        rounds=rounds,
-        window=arrival_window,
-        straggle=2 * arrival_window,
-    )
+    fleet = Fleet.draw(seed, nodes=nodes, configs=configs, rounds=rounds, window=arrival_window)
     ctx = multiprocessing.get_context("spawn")
     results: dict[str, Any] = {
         "simulated": True,
@@ -394,20 +386,14 @@ def sweep(
     """Every policy on the fleets of seeds ``0..seeds-1`` (simulated time; real stores)."""
     per_seed: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
     for seed in range(seeds):
-        fleet = Fleet.draw(
-            seed,
-            nodes=nodes,
-            configs=configs,
-            rounds=rounds,
-            window=arrival_window,
-            straggle=2 * arrival_window,
-        )
+        fleet = Fleet.draw(seed, nodes=nodes, configs=configs, rounds=rounds, window=arrival_window)
         for policy in POLICIES:
             root = work_dir / "sweep" / f"seed{seed}" / policy
             per_seed[policy].append(_sweep_policy(fleet, policy, root, profile_seconds))
     summary: dict[str, Any] = {}
     for policy, runs in per_seed.items():
         gave = [r["capacity_given_up"] for r in runs if r["capacity_given_up"]["boots"]]
+        boots = max(1, sum(g["boots"] for g in gave))
         summary[policy] = {
             "seeds": runs,
             "mean_profiles_per_round": [
@@ -419,11 +405,9 @@ def sweep(
             ),
             "max_nodes_profiling_again": max(r["nodes_profiling_again"] for r in runs),
             "capacity_given_up": {
-                "mean_mib": sum(g["mean_mib"] * g["boots"] for g in gave)
-                / max(1, sum(g["boots"] for g in gave)),
+                "mean_mib": sum(g["mean_mib"] * g["boots"] for g in gave) / boots,
                 "max_mib": max((g["max_mib"] for g in gave), default=0.0),
-                "mean_pct": sum(g["mean_pct"] * g["boots"] for g in gave)
-                / max(1, sum(g["boots"] for g in gave)),
+                "mean_pct": sum(g["mean_pct"] * g["boots"] for g in gave) / boots,
                 "max_pct": max((g["max_pct"] for g in gave), default=0.0),
             },
         }
