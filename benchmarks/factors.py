@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from plancache.fingerprint import Scalar
 from plancache.integrations.vllm.factors import WorkerFactors, as_scalars
-from plancache.plan import Scalar
 
 
 def worker_factors(config: str) -> dict[str, Scalar]:

@@ -36,8 +36,8 @@ from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache
 from plancache.backends.local import LocalStore
 from plancache.config import Settings
+from plancache.fingerprint import Scalar
 from plancache.merge import dominates
-from plancache.plan import Scalar
 from plancache.store import PlanStore
 from plancache.testing import GiB
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from plancache.fingerprint import validate_key
-from plancache.plan import Observation
+from plancache.observation import Observation
 from plancache.reasons import Reason
 
 if TYPE_CHECKING:

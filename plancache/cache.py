@@ -26,9 +26,10 @@ from plancache.errors import (
     PlanStoreError,
     UnsupportedSchemaError,
 )
-from plancache.fingerprint import fingerprint
+from plancache.fingerprint import Scalar, fingerprint
 from plancache.gate import Budget, gate
-from plancache.plan import Observation, Plan, Scalar
+from plancache.observation import Observation
+from plancache.plan import Plan
 from plancache.reasons import Reason, RecordReason
 from plancache.redaction import scrub
 from plancache.store import PlanStore, PutOutcome

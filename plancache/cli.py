@@ -51,9 +51,9 @@ from plancache.display import (
     when,
 )
 from plancache.errors import ConfigError, InvalidPlanError, PlanStoreError
-from plancache.fingerprint import fingerprint
+from plancache.fingerprint import canonical, fingerprint
 from plancache.inventory import device
-from plancache.plan import Plan, canonical
+from plancache.plan import Plan
 from plancache.redaction import scrub, secret_values
 from plancache.signing import Keyring, parse_keys
 from plancache.store import PlanStore

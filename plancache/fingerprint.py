@@ -1,16 +1,29 @@
-"""The key of a plan: fingerprints of factors, key validation and object names (pure).
+"""The key of a plan: the canonical encoding of factors, fingerprints, key validation and
+object names (pure).
 
-A key is 64 lowercase hex characters; every store validates it before any I/O, so no key
-can name a path or an object prefix. A plan's object name is ``startup_plan_{key}.json``
-in every store.
+Factors are a non-empty object of exact ``str``/``int``/``float``/``bool``/``None`` values;
+their canonical encoding (orjson, sorted keys, no whitespace) is a frozen format, and the key
+is its sha256. A key is 64 lowercase hex characters; every store validates it before any I/O,
+so no key can name a path or an object prefix. A plan's object name is
+``startup_plan_{key}.json`` in every store.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from collections.abc import Mapping
 
-from plancache.plan import Scalar, digest
+import orjson
+
+from plancache.errors import InvalidPlanError
+
+Scalar = str | int | float | bool | None
+SCALAR_TYPES = (str, int, float, bool, type(None))
+"""The exact types a factor (or a label) may have: subclasses (numpy.float64, str enums) do
+not encode alike everywhere."""
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson encodes
 
 KEY_LENGTH = 64
 OBJECT_PREFIX = "startup_plan_"
@@ -19,12 +32,43 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _KEY_PREFIX = re.compile(r"[0-9a-f]{1,64}")
 
 
+def check_scalar(what: str, value: object) -> None:
+    """``InvalidPlanError`` naming ``what`` unless ``value`` is an exact scalar that encodes
+    the same everywhere: a finite float, an int orjson encodes, a str, a bool or None."""
+    kind = type(value)
+    if kind not in SCALAR_TYPES:
+        raise InvalidPlanError(f"{what} must be str, int, float, bool or None, not {kind.__name__}")
+    if kind is float and not math.isfinite(value):  # type: ignore[arg-type]
+        raise InvalidPlanError(f"{what} is not a finite number: {value!r}")
+    if kind is int and value not in _INT_RANGE:
+        raise InvalidPlanError(f"{what} is outside the 64-bit range")
+
+
+def check_factors(factors: object) -> dict[str, Scalar]:
+    """``factors`` as a dict if they can be encoded canonically, else ``InvalidPlanError``."""
+    if not isinstance(factors, Mapping):
+        raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
+    if not factors:
+        raise InvalidPlanError("factors must not be empty")
+    out = dict(factors)
+    for key, value in out.items():
+        if type(key) is not str:
+            raise InvalidPlanError(f"factor names must be strings, got {key!r}")
+        check_scalar(f"factor {key!r}", value)
+    return out
+
+
+def canonical(factors: Mapping[str, Scalar]) -> bytes:
+    """Canonical bytes of ``factors``: orjson, sorted keys, no whitespace. Frozen format."""
+    return orjson.dumps(check_factors(factors), option=orjson.OPT_SORT_KEYS)
+
+
 def fingerprint(factors: Mapping[str, Scalar]) -> str:
     """sha256 hex of the canonical encoding of ``factors``; same inputs, same key anywhere.
 
     Raises ``InvalidPlanError`` (a ``ValueError``) for factors that cannot be encoded.
     """
-    return digest(factors)
+    return hashlib.sha256(canonical(factors)).hexdigest()
 
 
 def validate_key(key: object) -> str:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from plancache.plan import Observation, Plan
+from plancache.observation import Observation
+from plancache.plan import Plan
 from plancache.reasons import Reason
 
 

@@ -26,7 +26,8 @@ from plancache.backends.local import LocalStore
 from plancache.breaker import Breaker
 from plancache.errors import InvalidPlanError, InvalidSignatureError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
-from plancache.plan import Observation, Plan, Tombstone
+from plancache.observation import Observation, Tombstone
+from plancache.plan import Plan
 from plancache.reasons import Reason
 from plancache.store import PlanStore, PutOutcome
 

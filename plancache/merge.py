@@ -32,15 +32,9 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
-from plancache.plan import (
-    MAX_LABELS,
-    MAX_OBSERVATIONS,
-    MAX_TOMBSTONES,
-    Observation,
-    Plan,
-    Scalar,
-    Tombstone,
-)
+from plancache.fingerprint import Scalar
+from plancache.observation import Observation, Tombstone
+from plancache.plan import MAX_LABELS, MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 
 
 def dominates(new: Observation, old: Observation) -> bool:

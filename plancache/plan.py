@@ -26,10 +26,8 @@ the retracted observations from whatever is merged into it.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +38,8 @@ from typing import Any
 import orjson
 
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
+from plancache.fingerprint import Scalar, check_factors, check_scalar, fingerprint
+from plancache.observation import OBSERVATION_FIELDS, Observation, Tombstone, is_hex
 
 SCHEMA = 2
 """The schema this version writes."""
@@ -51,87 +51,11 @@ MAX_OBSERVATIONS = 32
 """Most observations a record keeps (see ``plancache.merge.frontier`` for which)."""
 MAX_TOMBSTONES = 32
 """Most tombstones a record keeps (see ``plancache.merge.tombstones`` for which)."""
-MAX_PRODUCER_BYTES = 1024
-"""Largest encoded ``producer`` of one observation."""
 MAX_LABELS = 16
 MAX_LABEL_NAME = 64
 MAX_LABEL_TEXT = 256
-MAX_CREATED_AT = 253402300799.0
-"""9999-12-31T23:59:59Z: the latest ``created_at`` a record may carry (and the earliest is 0)."""
 
-_MAX_INT = 2**63 - 1
-_MIN_FACTOR_INT = -(2**63)
-_FACTOR_INT_LIMIT = 2**64  # orjson encodes ints in [-2**63, 2**64)
 _KEY_END = re.compile(rb'"\s*:')
-
-Scalar = str | int | float | bool | None
-
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _check_factors(factors: object) -> dict[str, Scalar]:
-    if not isinstance(factors, Mapping):
-        raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
-    if not factors:
-        raise InvalidPlanError("factors must not be empty")
-    out = dict(factors)
-    for key, value in out.items():
-        if type(key) is not str:
-            raise InvalidPlanError(f"factor names must be strings, got {key!r}")
-        kind = type(value)
-        # exact types only: subclasses (numpy.float64, str enums) do not encode alike everywhere
-        if kind not in _SCALARS:
-            raise InvalidPlanError(
-                f"factor {key!r} must be str, int, float, bool or None, not {kind.__name__}"
-            )
-        if kind is float and not math.isfinite(value):
-            raise InvalidPlanError(f"factor {key!r} is not a finite number: {value!r}")
-        if kind is int and not _MIN_FACTOR_INT <= value < _FACTOR_INT_LIMIT:
-            raise InvalidPlanError(f"factor {key!r} is outside the 64-bit range")
-    return out
-
-
-def _encode_checked(factors: dict[str, Scalar]) -> bytes:
-    return orjson.dumps(factors, option=orjson.OPT_SORT_KEYS)
-
-
-def canonical(factors: Mapping[str, Scalar]) -> bytes:
-    """Canonical bytes of ``factors``: orjson, sorted keys, no whitespace. Frozen format."""
-    return _encode_checked(_check_factors(factors))
-
-
-def digest(factors: Mapping[str, Scalar]) -> str:
-    """sha256 hex digest of :func:`canonical` ``(factors)``."""
-    return hashlib.sha256(canonical(factors)).hexdigest()
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidPlanError(f"{name} must be an int, not {type(value).__name__}")
-    if not 0 < value <= _MAX_INT:
-        raise InvalidPlanError(f"{name} must be in 1..2**63-1, got {value!r:.40}")
-    return value
-
-
-def _timestamp(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidPlanError("created_at must be a number")
-    if not (math.isfinite(value) and 0 <= value <= MAX_CREATED_AT):
-        raise InvalidPlanError(f"created_at must be a time in years 1970..9999, got {value!r:.40}")
-    return float(value)
-
-
-def _producer(value: object) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InvalidPlanError("producer must be an object")
-    try:
-        size = len(orjson.dumps(dict(value)))
-    except TypeError as exc:  # holds something JSON cannot carry
-        raise InvalidPlanError(f"producer cannot be encoded: {exc}") from exc
-    if size > MAX_PRODUCER_BYTES:
-        raise InvalidPlanError(f"producer is {size} bytes encoded, over {MAX_PRODUCER_BYTES}")
-    return MappingProxyType(dict(value))
 
 
 def _labels(value: object) -> Mapping[str, Scalar]:
@@ -142,114 +66,10 @@ def _labels(value: object) -> Mapping[str, Scalar]:
     for name, v in value.items():
         if type(name) is not str or not 0 < len(name) <= MAX_LABEL_NAME:
             raise InvalidPlanError(f"label names are strings of 1..{MAX_LABEL_NAME} characters")
-        if type(v) not in _SCALARS:
-            raise InvalidPlanError(f"label {name!r} must be str, int, float, bool or None")
+        check_scalar(f"label {name!r}", v)
         if type(v) is str and len(v) > MAX_LABEL_TEXT:
             raise InvalidPlanError(f"label {name!r} is over {MAX_LABEL_TEXT} characters")
-        if type(v) is float and not math.isfinite(v):
-            raise InvalidPlanError(f"label {name!r} is not a finite number")
-        if type(v) is int and not _MIN_FACTOR_INT <= v < _FACTOR_INT_LIMIT:
-            raise InvalidPlanError(f"label {name!r} is outside the 64-bit range")
     return MappingProxyType(dict(value))
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one fully profiled boot measured: the KV cache it allocated with the free memory
-    it started from. Construction validates; ``kv_cache_memory_bytes <= free_memory_baseline``."""
-
-    kv_cache_memory_bytes: int
-    free_memory_baseline: int
-    created_at: float
-    producer: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        kv = _positive_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
-        baseline = _positive_int("free_memory_baseline", self.free_memory_baseline)
-        if kv > baseline:
-            raise InvalidPlanError(
-                f"kv_cache_memory_bytes {kv} exceeds free_memory_baseline {baseline}"
-            )
-        object.__setattr__(self, "created_at", _timestamp(self.created_at))
-        object.__setattr__(self, "producer", _producer(self.producer))
-
-    def __hash__(self) -> int:
-        return hash(self.encode())
-
-    def to_dict(self) -> dict[str, Any]:
-        """The observation as plain JSON-ready data."""
-        return {
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "free_memory_baseline": self.free_memory_baseline,
-            "created_at": self.created_at,
-            "producer": dict(self.producer),
-        }
-
-    def encode(self) -> bytes:
-        """Canonical bytes of the observation (sorted keys): its identity in a total order."""
-        return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
-
-    @property
-    def digest(self) -> str:
-        """sha256 hex digest of :meth:`encode`: names this observation in tombstones and
-        crash marks."""
-        return hashlib.sha256(self.encode()).hexdigest()
-
-    @classmethod
-    def from_dict(cls, obj: object) -> Observation:
-        """Validate decoded JSON; raises only ``InvalidPlanError``."""
-        if not isinstance(obj, dict):
-            raise InvalidPlanError("an observation must be a JSON object")
-        missing = [k for k in _OBSERVATION_FIELDS if k not in obj]
-        if missing:
-            raise InvalidPlanError(f"observation lacks {', '.join(missing)}")
-        return cls(**{k: obj[k] for k in _OBSERVATION_FIELDS})
-
-
-_OBSERVATION_FIELDS = ("kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer")
-_TOMBSTONE_FIELDS = ("observation", "created_at", "retracted_at")
-
-
-def _is_hex(value: object, length: int) -> bool:
-    return (
-        type(value) is str and len(value) == length and all(c in "0123456789abcdef" for c in value)
-    )
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    """A retracted observation: its ``digest`` (``Observation.digest``), its ``created_at``
-    (so that pruning can forget tombstones of observations it would prune anyway) and the time
-    it was retracted."""
-
-    observation: str
-    created_at: float
-    retracted_at: float
-
-    def __post_init__(self) -> None:
-        if not _is_hex(self.observation, 64):
-            raise InvalidPlanError("a tombstone names an observation by its sha256 hex digest")
-        object.__setattr__(self, "created_at", _timestamp(self.created_at))
-        object.__setattr__(self, "retracted_at", _timestamp(self.retracted_at))
-
-    @classmethod
-    def of(cls, observation: Observation, retracted_at: float) -> Tombstone:
-        """The tombstone of ``observation``, retracted at ``retracted_at``."""
-        return cls(observation.digest, observation.created_at, retracted_at)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "observation": self.observation,
-            "created_at": self.created_at,
-            "retracted_at": self.retracted_at,
-        }
-
-    @classmethod
-    def from_dict(cls, obj: object) -> Tombstone:
-        """Validate decoded JSON; raises only ``InvalidPlanError``."""
-        if not isinstance(obj, dict) or any(k not in obj for k in _TOMBSTONE_FIELDS):
-            raise InvalidPlanError(f"a tombstone is an object with {', '.join(_TOMBSTONE_FIELDS)}")
-        return cls(**{k: obj[k] for k in _TOMBSTONE_FIELDS})
 
 
 KEY_ID_CHARS = 16
@@ -267,9 +87,9 @@ class Signature:
     hmac_sha256: str
 
     def __post_init__(self) -> None:
-        if not _is_hex(self.keyid, KEY_ID_CHARS):
+        if not is_hex(self.keyid, KEY_ID_CHARS):
             raise InvalidPlanError(f"a signature's keyid is {KEY_ID_CHARS} lowercase hex digits")
-        if not _is_hex(self.hmac_sha256, _MAC_CHARS):
+        if not is_hex(self.hmac_sha256, _MAC_CHARS):
             raise InvalidPlanError(
                 f"a signature's hmac_sha256 is {_MAC_CHARS} lowercase hex digits"
             )
@@ -309,11 +129,8 @@ class Plan:
     def __post_init__(self) -> None:
         if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
             raise InvalidPlanError(f"unsupported schema {self.schema!r} (expected {SCHEMA})")
-        factors = _check_factors(self.factors)
-        if (
-            not isinstance(self.fingerprint, str)
-            or self.fingerprint != hashlib.sha256(_encode_checked(factors)).hexdigest()
-        ):
+        factors = check_factors(self.factors)
+        if not isinstance(self.fingerprint, str) or self.fingerprint != fingerprint(factors):
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
         obs = self.observations
         if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
@@ -363,7 +180,7 @@ class Plan:
             created_at=time.time() if created_at is None else created_at,
             producer=producer or {},
         )
-        return cls(digest(factors), factors, (observation,), labels or {})
+        return cls(fingerprint(factors), factors, (observation,), labels or {})
 
     # -- the frontier's extremes and newest point, for listings ---------------------------
     @property
@@ -493,7 +310,7 @@ class Plan:
 
 
 _FIELDS = ("schema", "fingerprint", "factors", "observations")
-_LEGACY_FIELDS = ("schema", "fingerprint", "factors", *_OBSERVATION_FIELDS)
+_LEGACY_FIELDS = ("schema", "fingerprint", "factors", *OBSERVATION_FIELDS)
 
 
 def _key_count(value: dict[str, Any] | list[Any]) -> int:

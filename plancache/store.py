@@ -23,7 +23,8 @@ from plancache.errors import (
 )
 from plancache.fingerprint import validate_key
 from plancache.merge import merge, retract
-from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Observation, Plan
+from plancache.observation import Observation
+from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")

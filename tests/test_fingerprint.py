@@ -12,12 +12,13 @@ from plancache import fingerprint
 from plancache.fingerprint import (
     OBJECT_PREFIX,
     OBJECT_SUFFIX,
+    Scalar,
+    canonical,
     fingerprint_of_name,
     is_key_prefix,
     object_name,
     validate_key,
 )
-from plancache.plan import Scalar, canonical
 from plancache.testing import make_plan
 
 FROZEN_FACTORS: dict[str, Scalar] = {

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from plancache.gate import gate
 from plancache.merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
-from plancache.plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Observation, Plan, Tombstone
+from plancache.observation import Observation, Tombstone
+from plancache.plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 from plancache.testing import FACTORS, GiB
 
 MiB = 1 << 20

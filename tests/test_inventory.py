@@ -14,9 +14,9 @@ import pytest
 import s3fs
 
 from plancache import Plan, fingerprint, inventory, open_store
-from plancache.fingerprint import object_name
+from plancache.fingerprint import Scalar, object_name
 from plancache.inventory import CopyCounts, Fix
-from plancache.plan import Observation, Scalar
+from plancache.observation import Observation
 from plancache.store import PlanStore
 from plancache.testing import GiB, make_plan
 from plancache.testing.servers import MotoS3

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from plancache.merge import dominates
-from plancache.plan import Observation
+from plancache.observation import Observation
 from plancache.testing import GiB
 
 

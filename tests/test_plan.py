@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plancache import InvalidPlanError, Plan, fingerprint
-from plancache.plan import MAX_RECORD_BYTES, Observation, canonical
+from plancache.fingerprint import canonical
+from plancache.observation import Observation
+from plancache.plan import MAX_RECORD_BYTES
 from plancache.testing import GiB, make_plan
 
 

@@ -14,7 +14,8 @@ from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.gate import Budget, gate
 from plancache.merge import frontier
-from plancache.plan import Observation, Plan
+from plancache.observation import Observation
+from plancache.plan import Plan
 from plancache.testing import FACTORS, GiB, make_plan
 
 MiB = 1 << 20

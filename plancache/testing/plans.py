@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from plancache.plan import Plan, Scalar
+from plancache.fingerprint import Scalar
+from plancache.plan import Plan
 
 GiB = 1 << 30
 FACTORS: dict[str, Scalar] = {"model": "test/model", "gpu_memory_utilization": 0.9, "rank": 0}

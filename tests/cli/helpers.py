@@ -14,7 +14,7 @@ from typing import Any
 from plancache import Plan, fingerprint, open_store
 from plancache.fingerprint import object_name
 from plancache.merge import frontier
-from plancache.plan import Observation
+from plancache.observation import Observation
 from plancache.testing import GiB, child_env
 
 DAY = 86400.0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache.fingerprint import Scalar
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
@@ -29,7 +30,6 @@ from plancache.integrations.vllm.factors import (
     worker_labels,
 )
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.plan import Scalar
 
 log = logging.getLogger("plancache.vllm")
 

@@ -14,8 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import TypedDict, cast
 
+from plancache.fingerprint import Scalar
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.plan import MAX_LABEL_TEXT, Scalar
+from plancache.plan import MAX_LABEL_TEXT
 
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 """torch's caching-allocator settings (expandable segments, split sizes): fragmentation."""
