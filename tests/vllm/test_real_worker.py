@@ -242,7 +242,11 @@ class Node:
     directory."""
 
     def __init__(self, home: Path, url: str, options: dict[str, Any], **extra: str) -> None:
-        self.env = {"PLANCACHE_STORAGE_OPTIONS": json.dumps(options), "VLLM_CACHE_ROOT": str(home)}
+        self.env = {
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(options),
+            "VLLM_CACHE_ROOT": str(home),
+            "PLANCACHE_TIMEOUT": "20",  # the 2 s default can pass on a loaded machine
+        }
         if "://" in url:
             self.env["PLANCACHE_LOCAL_TIER"] = str(home / "tier")
         self.env.update(extra)
@@ -331,21 +335,18 @@ def test_a_bad_plan_costs_each_node_at_most_one_boot(
         stale = open_store(ro_url, **s3_options).get(fp)
         assert stale is not None and bad["read-only"] in {o.digest for o in stale.observations}
 
-    # 3. third nodes with empty local tiers apply the new observation, not the bad one; a
-    # poisoned record (KV = baseline = free memory) is never applied
-    third = list(
-        reports(
-            Node(tmp_path / "s3-c", *shared["s3"]).boot(model_dir),
-            Node(tmp_path / "gcs-c", *shared["gcs"]).boot(model_dir),
-            boot(model_dir, str(tmp_path / "poisoned"), "--seed", str(78 * GiB), str(78 * GiB)),
-        )
+    # 3. a third node with an empty local tier applies the new observation, not the bad one;
+    # a poisoned record (KV = baseline = free memory) is never applied
+    (third, _), (poison, poison_log) = reports(
+        Node(tmp_path / "third", *shared["gcs"]).boot(model_dir),
+        Node(tmp_path / "poisoned", str(tmp_path / "poisoned-store"), {}).boot(
+            model_dir, "--seed", str(78 * GiB), str(78 * GiB)
+        ),
     )
-    (s3_c, _), (gcs_c, _), (poison, poison_log) = third
-    for report in (s3_c, gcs_c):
-        assert (report["mode"], report["kv"], report["reason"]) == ("applied", profiled, "hit")
+    assert (third["mode"], third["kv"], third["reason"]) == ("applied", profiled, "hit")
     assert (poison["mode"], poison["reason"]) == ("profiling", "gate:exceeds-budget")
     assert poison["available_kv"] == poison["kv"]  # profiled
     assert "lookup gate:exceeds-budget" in poison_log and "exceeds requested=" in poison_log
-    recover = [r["costs"]["breaker.recover"] for r, _ in second]
-    print(f"\nbreaker.recover with a dead mark: {max(recover) * 1e3:.2f} ms (slowest of 4)")
-    print(f"breaker.arm: {max(r['costs']['breaker.arm'] for r in (s3_c, gcs_c)) * 1e3:.2f} ms")
+    recover = max(r["costs"]["breaker.recover"] for r, _ in second)
+    print(f"\nbreaker.recover with a dead mark: {recover * 1e3:.2f} ms (slowest of 4)")
+    print(f"breaker.arm: {third['costs']['breaker.arm'] * 1e3:.2f} ms")
