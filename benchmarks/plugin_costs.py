@@ -3,9 +3,11 @@ weight loading and the save into a daemon thread.
 
 - before: the lookup ran at ``determine_available_memory`` (``PlanCache.lookup``: the store's
   full latency on the critical path) and the save ran after warm-up (``PlanCache.record``);
-- after: the lookup starts when ``load_model`` is entered (``PlanCache.start_lookup``), the
-  weights load (simulated by a sleep), then ``determine_available_memory`` only joins it
-  (``PendingLookup.result``); the save only starts a daemon thread.
+- after: the lookup starts when ``load_model`` is entered (``Breaker.recover`` on a local
+  directory, then ``PlanCache.start_lookup``), the weights load (simulated by a sleep), then
+  ``determine_available_memory`` only joins it (``PendingLookup.result``) and, on a hit,
+  writes the crash mark (``Breaker.arm``: an fsynced file); the save only starts a daemon
+  thread. ``disarm``: removing the mark after the warm-up, on a hit.
 
 On the local store, S3 (moto) and GCS (fake-gcs-server) on loopback, each with 0 and 300 ms
 added to every request by a delaying proxy. Run: ``python -m benchmarks.plugin_costs``.
@@ -21,7 +23,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from benchmarks.stats import median
-from plancache import PlanCache, open_store
+from plancache import PlanCache, fingerprint, open_store
+from plancache.breaker import Breaker
 from plancache.testing.servers import gcs_server, s3_server, with_latency
 
 FACTORS: dict[str, Any] = {"model": "bench/plugin-costs", "rank": 0}
@@ -36,13 +39,23 @@ def _ms(fn: Callable[..., object], *args: Any, **kwargs: Any) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _after(cache: PlanCache, factors: dict[str, Any], load_s: float) -> float:
-    """Critical-path ms of the new flow: start the fetch, load weights, join."""
+def _after(
+    cache: PlanCache, breaker: Breaker, factors: dict[str, Any], load_s: float
+) -> tuple[float, float]:
+    """Critical-path ms of the new flow (recover crash marks and start the fetch, load
+    weights, join and arm on a hit), and of removing the mark after the warm-up."""
     start = time.perf_counter()
-    pending = cache.start_lookup(factors, FREE)
+    avoid = breaker.recover(cache, fingerprint(factors))
+    pending = cache.start_lookup(factors, FREE, avoid=avoid)
     started = (time.perf_counter() - start) * 1e3
     time.sleep(load_s)  # the weights load
-    return started + _ms(pending.result, cache.timeout)
+    start = time.perf_counter()
+    decision = pending.result(cache.timeout)
+    mark = None
+    if decision.observation is not None and decision.fingerprint is not None:
+        mark = breaker.arm(decision.fingerprint, decision.observation)
+    joined = (time.perf_counter() - start) * 1e3
+    return started + joined, _ms(breaker.disarm, mark)
 
 
 def measure_store(
@@ -52,24 +65,31 @@ def measure_store(
     figure uses a fresh cache, as a fresh boot does (client set-up included)."""
     out: dict[str, list[float]] = {}
     size = {"kv_cache_memory_bytes": KV, "free_memory_baseline": FREE}
-    for run in range(runs):
-        factors = {**FACTORS, "run": run}
-        figures = {
-            "miss before": _ms(make().lookup, factors, FREE),
-            "save before": _ms(make().record, factors, **size),
-            "hit before": _ms(make().lookup, factors, FREE),
-            "hit after": _after(make(), factors, load_s),
-            "miss after": _after(make(), {**factors, "new": True}, load_s),
-        }
-        cache = make()
-        thread = threading.Thread(
-            target=cache.record, args=({**factors, "saved-after": True},), kwargs=size, daemon=True
-        )
-        figures["save after"] = _ms(thread.start)
-        thread.join(30)
-        for name, value in figures.items():
-            out.setdefault(name, []).append(value)
+    with tempfile.TemporaryDirectory(prefix="plancache-marks-") as marks:
+        breaker = Breaker(marks)
+        for run in range(runs):
+            factors = {**FACTORS, "run": run}
+            figures = {
+                "miss before": _ms(make().lookup, factors, FREE),
+                "save before": _ms(make().record, factors, **size),
+                "hit before": _ms(make().lookup, factors, FREE),
+            }
+            figures["hit after"], figures["disarm"] = _after(make(), breaker, factors, load_s)
+            figures["miss after"], _ = _after(make(), breaker, {**factors, "new": 1}, load_s)
+            figures["save after"] = _save_after(make(), factors, size)
+            for name, value in figures.items():
+                out.setdefault(name, []).append(value)
     return {name: {"median_ms": median(values)} for name, values in out.items()}
+
+
+def _save_after(cache: PlanCache, factors: dict[str, Any], size: dict[str, int]) -> float:
+    """Critical-path ms of the new save: starting its daemon thread."""
+    thread = threading.Thread(
+        target=cache.record, args=({**factors, "saved-after": True},), kwargs=size, daemon=True
+    )
+    spent = _ms(thread.start)
+    thread.join(30)
+    return spent
 
 
 @contextmanager
@@ -102,6 +122,7 @@ def measure(load_s: float = 1.0, runs: int = 5) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     """A text table: rows are stores, columns the critical-path milliseconds."""
     columns = ["hit before", "hit after", "miss before", "miss after", "save before", "save after"]
+    columns.append("disarm")
     lines = [
         f"plugin critical-path cost (median ms, weight load {results['load_s']} s)",
         f"{'store':<14}" + "".join(f"{c:>13}" for c in columns),

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -41,7 +41,6 @@ from plancache.observation import Observation
 from plancache.reasons import Reason
 
 if TYPE_CHECKING:
-    from plancache.cache import PlanCache
     from plancache.config import Settings
 
 log = logging.getLogger("plancache")
@@ -159,6 +158,13 @@ class Mark:
             return None
 
 
+class Retracts(Protocol):
+    """What ``recover`` retracts through: ``PlanCache`` (bounded, never raises), or a caller's
+    wrapper of it (the vLLM plugin retracts in the background)."""
+
+    def retract(self, fingerprint: str, observation: Observation) -> object: ...
+
+
 class Breaker:
     """Marks in one directory. ``arm``/``disarm`` around applying a plan; ``recover`` at the
     start of each boot. Never raises: failures are logged and leave the boot as it was."""
@@ -212,10 +218,11 @@ class Breaker:
             log.warning("plancache: crash mark %s not removed: %s", mark.path, exc)
 
     # -- at the next boot ------------------------------------------------------------------
-    def recover(self, cache: PlanCache, fingerprint: str) -> frozenset[str]:
+    def recover(self, cache: Retracts, fingerprint: str) -> frozenset[str]:
         """Turn the marks of ``fingerprint`` left by processes that are gone into crash
         records, log each with ``gate:crashed-before`` and retract its observation through
-        ``cache`` (each bounded by the cache's budget); then clean up (``clean``). Returns
+        ``cache`` (``PlanCache.retract`` is bounded by its budget); then clean up (``clean``).
+        Returns
         ``avoided(fingerprint)``: pass it to ``PlanCache.lookup(..., avoid=...)``."""
         for mark in self._marks(MARK_SUFFIX):
             if mark.fingerprint != fingerprint or mark.process.alive() is not False:
@@ -236,7 +243,10 @@ class Breaker:
                 mark.process.pid,
                 mark.process.host,
             )
-            cache.retract(fingerprint, o)
+            try:
+                cache.retract(fingerprint, o)
+            except Exception as exc:  # PlanCache never raises; a caller's wrapper might
+                log.warning("plancache: retract fp=%s failed: %s", fingerprint[:12], exc)
         self.clean()
         return self.avoided(fingerprint)
 

@@ -5,7 +5,8 @@ usage: gloo_rank.py RANK WORLD_SIZE INIT_FILE FREE_MEMORY_BYTES GROUP_TIMEOUT_S 
 
 ``explicit``: boot with ``kv_cache_memory_bytes`` set (7 GiB). ``idle``: join the group
 but never boot (a peer that does not reach the agreement). After the boot, each rank
-all-reduces ``rank + 1`` and reports the sum: a pending collective would pair with it.
+all-reduces ``rank + 1`` and reports the sum: a pending collective would pair with it;
+``marked``: whether the rank held a crash mark between the decision and the warm-up.
 The checkout's root must be on ``PYTHONPATH``.
 """
 
@@ -48,7 +49,11 @@ def main(argv: list[str]) -> None:
     )
     start = time.perf_counter()
     try:
-        kv = worker.boot()
+        worker.load_model()
+        kv = worker.determine_available_memory()
+        boot = plugin.boot_of(worker)
+        marked = boot is not None and boot.mark is not None  # held while a plan is applied
+        worker.compile_or_warm_up_model()
     except RankAgreementError as exc:
         seconds = time.perf_counter() - start
         print(json.dumps({"rank": rank, "error": str(exc), "seconds": seconds}), flush=True)
@@ -56,7 +61,7 @@ def main(argv: list[str]) -> None:
     seconds = time.perf_counter() - start
     total = torch.tensor([rank + 1])
     dist.all_reduce(total)
-    report = {"rank": rank, "kv": kv, "events": worker.events, "seconds": seconds}
+    report = {"rank": rank, "kv": kv, "events": worker.events, "seconds": seconds, "marked": marked}
     print(json.dumps({**report, "next_collective": int(total.item())}), flush=True)
     dist.destroy_process_group()
 

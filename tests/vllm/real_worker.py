@@ -12,6 +12,13 @@ methods that read a GPU, ``torch.ones`` inside ``gpu_worker`` (cuBLAS warm-up te
 
 usage: real_worker.py --model-dir DIR [--rank R --world-size N --port P] [--graphs]
     [--load-s S] [--kv-bytes B] [--device-kind cuda|xpu] [--free-gib G] [--save-wait S]
+    [--seed KV BASELINE [--seed-options JSON]] [--die-in-warmup]
+``--seed`` writes a record with this worker's key and one observation (KV and baseline in
+bytes) straight to the store at ``PLANCACHE_URL`` (``--seed-options``, else
+``PLANCACHE_STORAGE_OPTIONS``; no local tier) before ``load_model``: a record another node
+wrote. ``--die-in-warmup`` prints the report, then SIGKILLs this process inside
+``compile_or_warm_up_model`` (after the KV cache was allocated): a boot that dies with the
+plan applied.
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -39,6 +47,9 @@ def main() -> None:
     ap.add_argument("--device-kind", default="cuda", choices=["cuda", "xpu"])
     ap.add_argument("--free-gib", type=float, default=78.0, help="free memory at boot")
     ap.add_argument("--save-wait", type=float, default=10.0, help="wait for the save")
+    ap.add_argument("--seed", type=int, nargs=2, metavar=("KV", "BASELINE"), default=None)
+    ap.add_argument("--seed-options", default=None, help="storage options of the seed (JSON)")
+    ap.add_argument("--die-in-warmup", action="store_true")
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -185,7 +196,25 @@ def main() -> None:
             return 1 * GiB
 
         def maybe_remove_all_loras(self, lora_config: object) -> None:
-            pass
+            if args.die_in_warmup:  # inside compile_or_warm_up_model, the KV cache allocated
+                boot = plugin.boot_of(worker)
+                applied = None if boot is None or boot.decision is None else boot.decision
+                print(
+                    json.dumps(
+                        {
+                            "died": True,
+                            "mode": None if boot is None else boot.mode,
+                            "kv": worker.cache_config.kv_cache_memory_bytes,
+                            "reason": None if applied is None else applied.reason,
+                            "observation": None
+                            if applied is None or applied.observation is None
+                            else applied.observation.digest,
+                            "marked": None if boot is None or boot.mark is None else True,
+                        }
+                    ),
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
 
         def _dummy_run(self, num_tokens: int, **kw: Any) -> tuple[Any, Any]:
             h = torch.zeros(num_tokens, 4)
@@ -217,6 +246,8 @@ def main() -> None:
         s = time.perf_counter()
         worker.init_device()
         t["init_device"] = time.perf_counter() - s
+        if args.seed is not None:
+            seed(worker, args.seed[0], args.seed[1], args.seed_options)
         s = time.perf_counter()
         worker.load_model()
         t["load_model"] = time.perf_counter() - s
@@ -258,6 +289,8 @@ def main() -> None:
         "costs": None if boot is None else boot.costs,
         "tally": None if boot is None or boot.tally is None else vars(boot.tally),
         "saved": None if recorded is None else recorded.reason,
+        "avoid": [] if boot is None else sorted(boot.avoid),
+        "mark_left": None if boot is None else boot.mark is not None,
     }
     print(json.dumps(report), flush=True)
     from vllm.distributed.parallel_state import (
@@ -267,6 +300,26 @@ def main() -> None:
 
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+def seed(worker: Any, kv: int, baseline: int, options: str | None) -> None:
+    """Write a record with ``worker``'s key and one observation straight to the store at
+    ``PLANCACHE_URL`` (no local tier)."""
+    from plancache import Plan, open_store
+    from plancache.config import parse_storage_options
+    from plancache.integrations.vllm import worker_factors
+    from plancache.integrations.vllm.factors import as_scalars
+
+    text = os.environ.get("PLANCACHE_STORAGE_OPTIONS", "") if options is None else options
+    store = open_store(os.environ["PLANCACHE_URL"], **parse_storage_options(text, "seed"))
+    plan = Plan.new(
+        as_scalars(worker_factors(worker)),
+        kv_cache_memory_bytes=kv,
+        free_memory_baseline=baseline,
+        producer={"host": "another-node"},
+    )
+    store.put(plan)
+    store.close()
 
 
 if __name__ == "__main__":

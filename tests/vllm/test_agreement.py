@@ -68,6 +68,11 @@ def _boot_ranks(
     return reports
 
 
+def _marks(store: Path) -> list[Path]:
+    """Crash marks the ranks left in the local store."""
+    return list((store / "marks").glob("*.mark"))
+
+
 def _seed(store: Path, gpu: ModuleType, rank: int, world: int, baseline: int) -> None:
     """A 20 GiB plan for ``rank`` recorded at ``baseline`` free bytes."""
     worker = gpu.Worker(rank=rank, world_size=world)
@@ -87,6 +92,8 @@ def test_ranks_apply_together(gpu: ModuleType, tmp_path: Path) -> None:
     assert all("memory-profiling" not in r["events"] for r in reports)  # type: ignore[operator]
     assert [r["kv"] for r in reports] == [20 * GiB, 20 * GiB]
     assert [r["next_collective"] for r in reports] == [3, 3]
+    assert [r["marked"] for r in reports] == [True, True]
+    assert _marks(store) == []  # removed after the warm-up
 
 
 def test_one_gate_fails_so_no_rank_applies(gpu: ModuleType, tmp_path: Path) -> None:
@@ -95,6 +102,7 @@ def test_one_gate_fails_so_no_rank_applies(gpu: ModuleType, tmp_path: Path) -> N
     _seed(store, gpu, 1, 2, baseline=90 * GiB)  # rank 1 has only 80 GiB free
     reports = _boot_ranks(store, tmp_path / "rendezvous", [80 * GiB, 80 * GiB])
     assert all("memory-profiling" in r["events"] for r in reports)  # type: ignore[operator]
+    assert [r["marked"] for r in reports] == [False, False]  # rank 0's removed after the vote
 
 
 def test_failed_agreement_stops_the_boot(gpu: ModuleType, tmp_path: Path) -> None:
@@ -107,6 +115,7 @@ def test_failed_agreement_stops_the_boot(gpu: ModuleType, tmp_path: Path) -> Non
     )
     assert "could not agree" in rank0["error"]  # type: ignore[operator]
     assert 2.5 < rank0["seconds"] < 30  # type: ignore[operator]
+    assert _marks(store) == []  # nothing applied: no mark to read as a crash
 
 
 def test_explicit_rank_votes_and_peers_apply(gpu: ModuleType, tmp_path: Path) -> None:

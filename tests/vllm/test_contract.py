@@ -178,7 +178,11 @@ def test_real_worker_still_has_what_the_plugin_uses() -> None:
     source = inspect.getsource(determine)
     assert "self.cache_config.kv_cache_memory_bytes" in source
     assert "maybe_apply_startup_plan(self)" in source
-    assert {"init_snapshot", "device"} <= _self_assignments(worker.init_device)
+    assert {"init_snapshot", "device", "requested_memory"} <= _self_assignments(worker.init_device)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # the plausibility figures: requested memory (above) and the weights
+    assert "model_memory_usage" in _self_assignments(GPUModelRunner.load_model)
     assert {"vllm_config", "cache_config", "parallel_config", "rank"} <= _self_assignments(
         worker_base.WorkerBase.__init__
     )

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from plancache import fingerprint, open_store
 from plancache.testing import GiB, child_env
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, vllm_installed
 
 pytestmark = [
@@ -57,9 +60,11 @@ def boot(
     rank: int = 0,
     world: int = 1,
     port: int = 0,
+    environ: Mapping[str, str] | None = None,
     **env: str,
 ) -> subprocess.Popen[str]:
-    """Start one boot of the real worker (rank ``rank`` of ``world``) on ``store``."""
+    """Start one boot of the real worker (rank ``rank`` of ``world``) on ``store``, with
+    ``environ`` and ``env`` in its environment."""
     child = child_env(
         [REPO, *_extra_paths()],
         PLANCACHE_URL=store,
@@ -67,6 +72,7 @@ def boot(
         HF_HUB_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         GLOO_SOCKET_IFNAME="lo",
+        **(environ or {}),
         **env,
     )
     command = [sys.executable, str(REAL_WORKER), "--model-dir", str(model_dir)]
@@ -81,20 +87,28 @@ def boot(
     )
 
 
-def reports(*procs: subprocess.Popen[str]) -> Iterator[tuple[Report, str]]:
-    """Each boot's JSON report and its log (stdout and stderr), in order; every boot must exit
-    0 in time."""
+def outcomes(*procs: subprocess.Popen[str]) -> Iterator[tuple[int, Report, str]]:
+    """Each boot's exit status, its last JSON line and its log (stdout and stderr), in order;
+    every boot must end in time."""
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     try:
         for proc in procs:
             stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            assert proc.returncode == 0, stderr[-4000:]
-            yield json.loads(stdout.strip().splitlines()[-1]), stdout + stderr
+            lines = stdout.strip().splitlines()
+            assert lines, stderr[-4000:]
+            yield proc.returncode, json.loads(lines[-1]), stdout + stderr
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def reports(*procs: subprocess.Popen[str]) -> Iterator[tuple[Report, str]]:
+    """Each boot's JSON report and its log, in order; every boot must exit 0 in time."""
+    for returncode, report, log in outcomes(*procs):
+        assert returncode == 0, log[-4000:]
+        yield report, log
 
 
 def test_single_rank_miss_hit_gate_explicit_and_xpu(model_dir: Path, tmp_path: Path) -> None:
@@ -214,3 +228,125 @@ def test_plugin_cost_with_a_slow_remote_store(model_dir: Path, tmp_path: Path) -
         print(f"  {name}: {seconds * 1e3:.2f} ms")
     assert costs["hit: determine_available_memory"] < 0.05
     assert costs["miss: compile_or_warm_up_model (save)"] < 0.05
+
+
+# -- bad plans ---------------------------------------------------------------------------------
+BAD = (40 * GiB, 70 * GiB)
+"""A plausible observation (KV below requested 73.6 GiB minus 16 GiB of weights) whose boots
+die in the warm-up: a plan that does not fit after all."""
+WRITES = {"PUT", "POST", "DELETE", "PATCH"}
+
+
+class Node:
+    """A node's settings: the shared store, its own local tier (remote stores) and default
+    directory."""
+
+    def __init__(self, home: Path, url: str, options: dict[str, Any], **extra: str) -> None:
+        self.env = {
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(options),
+            "VLLM_CACHE_ROOT": str(home),
+            "PLANCACHE_TIMEOUT": "20",  # the 2 s default can pass on a loaded machine
+        }
+        if "://" in url:
+            self.env["PLANCACHE_LOCAL_TIER"] = str(home / "tier")
+        self.env.update(extra)
+        self.url = url
+        self.marks = Path(self.env.get("PLANCACHE_LOCAL_TIER", url)) / "marks"
+
+    def boot(self, model_dir: Path, *args: str) -> subprocess.Popen[str]:
+        return boot(model_dir, self.url, *args, environ=self.env)
+
+
+def _killed(outcome: tuple[int, Report, str]) -> Report:
+    """The report of a boot that applied a plan and SIGKILLed itself in the warm-up."""
+    returncode, report, log = outcome
+    assert returncode == -signal.SIGKILL, log[-4000:]
+    assert report["died"] and report["mode"] == "applied" and report["marked"], report
+    return report
+
+
+def test_a_bad_plan_costs_each_node_at_most_one_boot(
+    model_dir: Path,
+    tmp_path: Path,
+    moto_s3: MotoS3,
+    fake_gcs: FakeGCS,
+    s3_bucket: str,
+    gcs_bucket: str,
+) -> None:
+    """Real boots that apply a plausible plan and are SIGKILLed inside
+    ``compile_or_warm_up_model``, on a local store and on S3 and GCS behind local tiers:
+    the next boot on each node profiles (``gate:crashed-before``), the observation leaves the
+    shared store, and a third node with an empty local tier does not apply it. A read-only
+    node stops applying it and writes nothing (counted at a proxy). A poisoned record whose KV
+    equals its baseline and the free memory is never applied (``gate:exceeds-budget``)."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (tox -e vllm)")
+    pytest.importorskip("gcsfs", reason="gcsfs is not installed (tox -e vllm)")
+    s3_options = {"endpoint_url": moto_s3.endpoint}
+    gcs_options = {"endpoint_url": fake_gcs.endpoint, "token": "anon"}
+    moto_s3.create_bucket(f"{s3_bucket}-ro")
+    shared = {
+        "local": (str(tmp_path / "shared"), {}),
+        "s3": (f"s3://{s3_bucket}/plans", s3_options),
+        "gcs": (f"gs://{gcs_bucket}/plans", gcs_options),
+    }
+    seed = ("--seed", str(BAD[0]), str(BAD[1]))
+    with CountingProxy(moto_s3.endpoint) as proxy:
+        ro_url = f"s3://{s3_bucket}-ro/plans"
+        read_only = Node(
+            tmp_path / "ro", ro_url, {"endpoint_url": proxy.endpoint}, PLANCACHE_READ_ONLY="1"
+        )
+        nodes = {kind: Node(tmp_path / kind, url, o) for kind, (url, o) in shared.items()}
+
+        # 1. every node applies the record another node wrote, and dies in the warm-up
+        first = [n.boot(model_dir, *seed, "--die-in-warmup") for n in nodes.values()]
+        first.append(
+            read_only.boot(
+                model_dir, *seed, "--seed-options", json.dumps(s3_options), "--die-in-warmup"
+            )
+        )
+        died = [_killed(outcome) for outcome in outcomes(*first)]
+        assert {d["kv"] for d in died} == {BAD[0]}
+        bad = dict(zip([*nodes, "read-only"], (d["observation"] for d in died), strict=True))
+        for node in [*nodes.values(), read_only]:
+            assert len(list(node.marks.glob("*.mark"))) == 1
+
+        # 2. the next boot on each node profiles, and retracts it where it may write
+        second = list(reports(*(n.boot(model_dir) for n in [*nodes.values(), read_only])))
+        for (report, log), digest in zip(second, bad.values(), strict=True):
+            assert (report["mode"], report["avoid"], report["mark_left"]) == (
+                "profiling",
+                [digest],
+                False,
+            )
+            assert report["reason"] in ("gate:crashed-before", "miss")  # miss: tombstoned
+            assert "gate:crashed-before" in log and "died after applying it" in log
+            assert report["saved"] in ("created", "replaced")
+        profiled = second[0][0]["kv"]
+        assert profiled != BAD[0]
+        fp = fingerprint(second[0][0]["factors"])
+        for kind, (url, options) in shared.items():
+            record = open_store(url, **options).get(fp)
+            assert record is not None, kind
+            assert [t.observation for t in record.retracted] == [bad[kind]], kind
+            assert [o.kv_cache_memory_bytes for o in record.observations] == [profiled], kind
+
+        writes = [r for r in proxy.requests if r[0] in WRITES]
+        assert not writes and proxy.requests  # the read-only node read, never wrote
+        stale = open_store(ro_url, **s3_options).get(fp)
+        assert stale is not None and bad["read-only"] in {o.digest for o in stale.observations}
+
+    # 3. a third node with an empty local tier applies the new observation, not the bad one;
+    # a poisoned record (KV = baseline = free memory) is never applied
+    (third, _), (poison, poison_log) = reports(
+        Node(tmp_path / "third", *shared["gcs"]).boot(model_dir),
+        Node(tmp_path / "poisoned", str(tmp_path / "poisoned-store"), {}).boot(
+            model_dir, "--seed", str(78 * GiB), str(78 * GiB)
+        ),
+    )
+    assert (third["mode"], third["kv"], third["reason"]) == ("applied", profiled, "hit")
+    assert (poison["mode"], poison["reason"]) == ("profiling", "gate:exceeds-budget")
+    assert poison["available_kv"] == poison["kv"]  # profiled
+    assert "lookup gate:exceeds-budget" in poison_log and "exceeds requested=" in poison_log
+    recover = max(r["costs"]["breaker.recover"] for r, _ in second)
+    print(f"\nbreaker.recover with a dead mark: {recover * 1e3:.2f} ms (slowest of 4)")
+    print(f"breaker.arm: {third['costs']['breaker.arm'] * 1e3:.2f} ms")

@@ -7,11 +7,11 @@ unless enabled: ``PLANCACHE_URL`` set, ``PLANCACHE_ENABLE=1``, or vLLM's own
 neither applies nor saves anything). ``PLANCACHE_ENABLE=0`` turns it off whatever else is set.
 
 When enabled, it wraps ``vllm.v1.worker.gpu_worker.Worker``'s ``load_model`` (compute the
-key, start the store fetch in a daemon thread: the fetch overlaps weight loading),
-``determine_available_memory`` (join the fetch, gate, agree across ranks, apply) and
-``compile_or_warm_up_model`` (save in a daemon thread after it returned), as soon as that
-module is imported, so processes that never import it (the API server) pay nothing.
-Guarantees:
+key, recover the crash marks dead boots left on this node, start the store fetch in a daemon
+thread: the fetch overlaps weight loading), ``determine_available_memory`` (join the fetch,
+gate, write a crash mark, agree across ranks, apply) and ``compile_or_warm_up_model``
+(remove the mark, save in a daemon thread after it returned), as soon as that module is
+imported, so processes that never import it (the API server) pay nothing. Guarantees:
 
 - an explicit ``--kv-cache-memory-bytes`` is always respected: no lookup, no save;
 - the key is computed once, when ``load_model`` is entered, and the save uses the same
@@ -20,6 +20,11 @@ Guarantees:
   ``determine_available_memory``; a plan is applied only if no rank must profile; if the
   vote itself fails, the boot stops with ``RankAgreementError`` (never ranks on different
   paths);
+- a plan's observation is applied only if its KV cache fits in what the boot may use
+  (``requested_memory`` minus the loaded weights: ``gate:exceeds-budget``), no earlier boot
+  on this node died with it, and its crash mark is written; a boot that finds the mark of a
+  dead process avoids that observation (``gate:crashed-before``) and retracts it from the
+  store, so a bad plan costs each node at most one failed boot;
 - a plan is saved only by a boot that profiled, after ``compile_or_warm_up_model``
   returned, and it records what that boot allocated (``available_kv_cache_memory_bytes``);
   the save never delays readiness or exit;
@@ -29,10 +34,10 @@ Guarantees:
   attribute; a vLLM without the wrapped methods gets one warning and no patch.
 
 Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point, logs),
-``patch`` (the import hook and the method wrappers), ``apply`` (lookup, apply, save, the
-boot state, the process's cache), ``factors`` (the plan key's factors), ``agreement`` (the
-rank agreement), ``worker`` (the worker attributes read). Importing this package imports
-neither vLLM nor torch.
+``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
+save, the boot state, the process's cache and breaker), ``factors`` (the plan key's
+factors), ``agreement`` (the rank agreement), ``worker`` (the worker attributes read).
+Importing this package imports neither vLLM nor torch.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from plancache.integrations.vllm.apply import (
     maybe_apply_startup_plan,
     maybe_save_startup_plan,
     wait_saved,
+    warmed_up,
 )
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
@@ -81,6 +87,7 @@ __all__ = [
     "register",
     "software_factors",
     "wait_saved",
+    "warmed_up",
     "worker_factors",
     "worker_labels",
 ]

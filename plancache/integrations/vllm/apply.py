@@ -1,13 +1,20 @@
-"""The boot flow: the key and the store fetch at ``load_model``, the decision (join, gate,
-rank agreement, apply) at ``determine_available_memory``, the save after
-``compile_or_warm_up_model``; the boot state that ties them, and the process's cache.
+"""The boot flow: the key, the crash-loop breaker's recovery and the store fetch at
+``load_model``, the decision (join, gate, crash mark, rank agreement, apply) at
+``determine_available_memory``, the mark's removal and the save after
+``compile_or_warm_up_model``; the boot state that ties them, and the process's cache and
+breaker.
 
 Guarantees: an explicit ``kv_cache_memory_bytes`` is respected (no lookup, no save); the key
 is computed once, when ``load_model`` is entered (or at the decision if it never was), and
 the save reuses it; every rank votes exactly once and a plan is applied only if no rank must
-profile; a plan is saved only by a boot that profiled, once, with what that boot allocated,
-in a daemon thread that never delays readiness or exit. Where the key cannot be computed,
-vLLM's built-in startup-plan functions run as if plancache were absent.
+profile; a rank votes "can apply" only for an observation that passes the free-memory gate
+and plausibility (its KV cache fits in ``requested_memory`` minus the loaded weights), that
+no earlier boot on this node died with, and whose crash mark it has written; the mark stays
+until ``compile_or_warm_up_model`` returned, so the next boot on the node learns of a crash
+with it, avoids it and retracts it from the store (in the background); a plan is saved only
+by a boot that profiled, once, with what that boot allocated, in a daemon thread that never
+delays readiness or exit. Where the key cannot be computed, vLLM's built-in startup-plan
+functions run as if plancache were absent.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
-from plancache.fingerprint import Scalar
+from plancache.fingerprint import Scalar, fingerprint
+from plancache.gate import Budget
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
@@ -29,7 +38,11 @@ from plancache.integrations.vllm.factors import (
     worker_factors,
     worker_labels,
 )
-from plancache.integrations.vllm.worker import WorkerLike
+from plancache.integrations.vllm.worker import WorkerLike, memory_figures
+from plancache.observation import Observation
+
+if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
+    from plancache.breaker import Breaker, Mark
 
 log = logging.getLogger("plancache.vllm")
 
@@ -41,6 +54,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 _lock = threading.Lock()
 _cache: PlanCache | None = None
+_breaker: Breaker | None = None
 builtins: dict[str, Callable[..., object]] = {}
 """vLLM's own startup-plan functions by name, kept by the patch: they run for a worker whose
 key plancache could not compute."""
@@ -66,6 +80,12 @@ class Boot:
     free_memory: int | None = None
     labels: dict[str, Scalar] = field(default_factory=dict)
     pending: PendingLookup | None = None
+    avoid: frozenset[str] = frozenset()
+    """Digests of observations a boot on this node died with (``Breaker.recover``)."""
+    retractions: list[threading.Thread] = field(default_factory=list)
+    """Background retractions of those observations, started at ``load_model``."""
+    mark: Mark | None = None
+    """The crash mark of the observation this boot applies, until the warm-up returned."""
     builtin: bool = False
     """True if plancache could not compute the key: vLLM's built-in functions act instead."""
     mode: BootMode | None = None
@@ -74,7 +94,9 @@ class Boot:
     saving: threading.Thread | None = None
     recorded: Recorded | None = None
     costs: dict[str, float] = field(default_factory=dict)
-    """Seconds the plugin added to each wrapped method (its own work, peers' waits included)."""
+    """Seconds the plugin added to each wrapped method (its own work, peers' waits included),
+    and, within them, to the breaker's ``breaker.recover``, ``breaker.arm`` and
+    ``breaker.disarm``."""
 
     @property
     def saved(self) -> bool:
@@ -99,10 +121,46 @@ def get_cache() -> PlanCache:
         return _cache
 
 
+def get_breaker() -> Breaker:
+    """This process's crash-loop breaker, made from the environment on first use: its marks
+    live in the local tier, else in the local store, else in the default directory."""
+    global _breaker
+    with _lock:
+        if _breaker is None:
+            from plancache.breaker import Breaker
+            from plancache.config import Settings
+
+            _breaker = Breaker.from_settings(Settings.from_env())
+        return _breaker
+
+
+class _BackgroundRetract:
+    """What ``Breaker.recover`` retracts through: each retraction (``PlanCache.retract``:
+    bounded, never raises) runs in a daemon thread, so its store I/O stays off
+    ``load_model``'s entry; the threads are appended to ``threads``."""
+
+    def __init__(self, cache: PlanCache, threads: list[threading.Thread]) -> None:
+        self.cache = cache
+        self.threads = threads
+
+    def retract(self, fingerprint: str, observation: Observation) -> threading.Thread:
+        thread = threading.Thread(
+            target=self.cache.retract,
+            args=(fingerprint, observation),
+            name="plancache-retract",
+            daemon=True,
+        )
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+
 def warm() -> None:
     """Open the store in the background while the worker loads its model, so that the
-    lookup's time budget is spent on the request, not on importing a client library."""
+    lookup's time budget is spent on the request, not on importing a client library; make
+    the breaker now, not on ``load_model``'s entry."""
     get_cache().warm()
+    get_breaker()
 
 
 def boot_of(worker: object) -> Boot | None:
@@ -114,7 +172,8 @@ def boot_of(worker: object) -> Boot | None:
 def maybe_apply_startup_plan(worker: WorkerLike) -> Decision | None:
     """vLLM's ``maybe_apply_startup_plan`` on the configured store: if enabled and no
     explicit ``kv_cache_memory_bytes`` is set, set it from a plan that this worker's gate and
-    every rank's accept. The decision, or None when nothing was looked up. Raises only
+    every rank's accept. A plan applied leaves a crash mark: call ``warmed_up(worker)`` once
+    the warm-up returned. The decision, or None when nothing was looked up. Raises only
     ``RankAgreementError`` (the ranks could not vote: the boot must stop)."""
     if not enabled():
         return None
@@ -130,10 +189,22 @@ def maybe_save_startup_plan(worker: WorkerLike, kv_cache_memory_bytes: int) -> R
     return safely(save_plan, worker, kv_cache_memory_bytes) if enabled() else None
 
 
+def warmed_up(worker: WorkerLike) -> None:
+    """Call once ``worker``'s ``compile_or_warm_up_model`` returned: the KV cache is allocated
+    and the warm-up ran, so a plan it applied fitted; removes that plan's crash mark. A worker
+    that applied a plan and never calls it leaves a mark that the next boot on this node reads
+    as a crash with that plan (the patch calls it). Never raises."""
+    boot = boot_of(worker)
+    if boot is not None:
+        _disarm(boot)
+
+
 def begin(worker: WorkerLike) -> Boot:
     """Start this worker's boot once: compute the key (now: ``compute_hash()`` changes later
-    in startup) and start the store fetch in a daemon thread. Never raises for a bad worker,
-    config or store: that worker is left to vLLM's built-in functions."""
+    in startup), recover the crash marks of this key that dead processes left on this node
+    (their observations are avoided; their retraction runs in the background) and start the
+    store fetch in a daemon thread. Never raises for a bad worker, config or store: that
+    worker is left to vLLM's built-in functions."""
     boot = boot_of(worker)
     if boot is not None:
         return boot
@@ -156,8 +227,32 @@ def begin(worker: WorkerLike) -> Boot:
         return boot
     boot.factors, boot.free_memory = factors, free
     boot.labels = worker_labels(worker)
-    boot.pending = cache.start_lookup(as_scalars(factors), free)
+    boot.avoid = safely(_recover, boot, cache) or frozenset()
+    boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=boot.avoid)
     return boot
+
+
+def _recover(boot: Boot, cache: PlanCache) -> frozenset[str]:
+    """``Breaker.recover`` for this boot's key (local reads; retractions in the background)."""
+    start = time.perf_counter()
+    assert boot.factors is not None
+    try:
+        key = fingerprint(as_scalars(boot.factors))
+    except Exception:  # the lookup reports the invalid factors
+        return frozenset()
+    avoid = get_breaker().recover(_BackgroundRetract(cache, boot.retractions), key)
+    boot.costs["breaker.recover"] = time.perf_counter() - start
+    return avoid
+
+
+def _disarm(boot: Boot) -> None:
+    """Remove this boot's crash mark, if it holds one (a local unlink). Never raises."""
+    mark, boot.mark = boot.mark, None
+    if mark is None:
+        return
+    start = time.perf_counter()
+    safely(get_breaker().disarm, mark)
+    boot.costs["breaker.disarm"] = time.perf_counter() - start
 
 
 def decide(worker: WorkerLike) -> Decision | None:
@@ -172,10 +267,16 @@ def decide(worker: WorkerLike) -> Decision | None:
     vote = safely(_vote, worker, boot)
     if vote is None:  # a worker that cannot be read: profile, as vLLM would
         vote = Vote.PROFILE
-    boot.tally = agree(vote)
+    try:
+        boot.tally = agree(vote)
+    except BaseException:
+        _disarm(boot)  # nothing applied: a mark left now would read as a crash with the plan
+        raise
     safely(_conclude, worker, boot, vote, boot.tally)
     if boot.mode is None:
         boot.mode = BootMode.PROFILING
+    if boot.mode is not BootMode.APPLIED:
+        _disarm(boot)
     return boot.decision
 
 
@@ -187,10 +288,18 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
             builtins["maybe_apply_startup_plan"](worker)
         explicit = worker.cache_config.kv_cache_memory_bytes is not None
         return Vote.EXPLICIT if explicit else Vote.PROFILE
-    budget = get_cache().timeout
-    spent = boot.costs.get("load_model", 0.0)
-    boot.decision = boot.pending.result(budget - spent)
-    return Vote.APPLY if boot.decision.hit else Vote.PROFILE
+    wait = get_cache().timeout - boot.costs.get("load_model", 0.0)
+    figures = memory_figures(worker)
+    budget = Budget(figures.requested_memory, figures.weights_memory)
+    boot.decision = decision = boot.pending.result(wait, budget=budget)
+    if not decision.hit or decision.observation is None or decision.fingerprint is None:
+        return Vote.PROFILE
+    start = time.perf_counter()
+    boot.mark = get_breaker().arm(decision.fingerprint, decision.observation)
+    boot.costs["breaker.arm"] = time.perf_counter() - start
+    if boot.mark is None:  # a crash with the plan could repeat on every boot: profile
+        return Vote.PROFILE
+    return Vote.APPLY
 
 
 def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
@@ -236,6 +345,8 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
         why = "another rank must profile" if vote is Vote.APPLY else "no applicable plan"
         if boot.decision is not None and not boot.decision.hit:
             why = boot.decision.reason
+        elif boot.decision is not None and vote is Vote.PROFILE:
+            why = "no crash mark could be written, so the plan is not applied"
         log.info("plancache: rank %s profiles (%s) fp=%s%s", rank, why, fp, agreement)
 
 
@@ -260,8 +371,11 @@ def _save_job(worker: WorkerLike, kv_cache_memory_bytes: object) -> Callable[[],
         return None
     cache = get_cache()
     factors, labels = as_scalars(boot.factors), dict(boot.labels)
+    retractions = list(boot.retractions)
 
     def record() -> Recorded:
+        for thread in retractions:  # a crashed observation's tombstone goes first
+            thread.join(cache.timeout)
         boot.recorded = cache.record(
             factors, kv_cache_memory_bytes=kv, free_memory_baseline=free, labels=labels
         )
@@ -294,13 +408,19 @@ def start_save(worker: WorkerLike, kv_cache_memory_bytes: object) -> threading.T
 
 
 def wait_saved(worker: object, timeout: float) -> Recorded | None:
-    """Wait at most ``timeout`` seconds for ``worker``'s background save; its result, or
-    None (nothing saved, or not finished). For tools and tests: vLLM never waits."""
+    """Wait at most ``timeout`` seconds in all for ``worker``'s background store writes (the
+    retractions started at ``load_model``, then the save); the save's result, or None
+    (nothing saved, or not finished). For tools and tests: vLLM never waits."""
     boot = boot_of(worker)
-    if boot is None or boot.saving is None:
+    if boot is None:
+        return None
+    deadline = time.monotonic() + timeout
+    for thread in boot.retractions:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if boot.saving is None:
         return None
     if boot.saving is not threading.current_thread() and boot.saving.ident is not None:
-        boot.saving.join(timeout)
+        boot.saving.join(max(0.0, deadline - time.monotonic()))
     return boot.recorded
 
 

@@ -24,8 +24,8 @@ TARGET_MODULE = "vllm.v1.worker.gpu_worker"
 """The module whose ``Worker`` class is wrapped."""
 REQUIRED_METHODS = ("determine_available_memory", "compile_or_warm_up_model")
 WRAPPED_METHODS = ("load_model", *REQUIRED_METHODS)
-"""``load_model`` (key and fetch), ``determine_available_memory`` (decision),
-``compile_or_warm_up_model`` (save)."""
+"""``load_model`` (key, crash recovery, fetch), ``determine_available_memory`` (decision,
+crash mark), ``compile_or_warm_up_model`` (mark removed, save)."""
 BUILTIN_FUNCTIONS = ("maybe_apply_startup_plan", "maybe_save_startup_plan")
 """vLLM's built-in startup-plan functions, replaced in ``TARGET_MODULE`` by delegates."""
 MARK = "__plancache_wrapped__"
@@ -94,6 +94,7 @@ def _wrap_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
     def compile_or_warm_up_model(self: WorkerLike, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         start = time.perf_counter()
+        safely(apply.warmed_up, self)  # the plan fitted: remove its crash mark
         safely(apply.start_save, self, getattr(self, "available_kv_cache_memory_bytes", None))
         boot = apply.boot_of(self)
         if boot is not None:

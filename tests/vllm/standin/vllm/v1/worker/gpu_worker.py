@@ -1,5 +1,7 @@
 """Stand-in for ``vllm.v1.worker.gpu_worker`` (vLLM 0.33.0): the same names, methods and
-attributes that plancache's plugin uses, with a "profiling" that records that it ran.
+attributes that plancache's plugin uses, with a "profiling" that records that it ran, and
+the memory figures vLLM's worker has (``requested_memory`` from ``init_device``, the model
+runner's ``model_memory_usage`` once ``load_model`` ran).
 
 Like vLLM, ``determine_available_memory`` calls the built-in ``maybe_apply_startup_plan``
 first and skips memory profiling when ``cache_config.kv_cache_memory_bytes`` is set;
@@ -10,6 +12,7 @@ first and skips memory profiling when ``cache_config.kv_cache_memory_bytes`` is 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 GiB = 1 << 30
@@ -60,6 +63,12 @@ class VllmConfig:
 @dataclass
 class MemorySnapshot:
     free_memory: int
+    total_memory: int
+
+
+@dataclass
+class ModelRunner:
+    model_memory_usage: int = 0
 
 
 @dataclass
@@ -67,6 +76,8 @@ class Worker:
     rank: int = 0
     world_size: int = 1
     free_memory: int = 80 * GiB
+    total_memory: int = 96 * GiB
+    weights_memory: int = 16 * GiB
     profiled_kv: int = 30 * GiB
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
@@ -79,11 +90,14 @@ class Worker:
         self.cache_config = CacheConfig(self.gpu_memory_utilization, self.kv_cache_memory_bytes)
         self.parallel_config = ParallelConfig(self.world_size, self.world_size)
         self.vllm_config = VllmConfig(self.cache_config, self.parallel_config)
-        self.init_snapshot = MemorySnapshot(self.free_memory)
+        self.init_snapshot = MemorySnapshot(self.free_memory, self.total_memory)
+        self.requested_memory = math.ceil(self.total_memory * self.gpu_memory_utilization)
+        self.model_runner = ModelRunner()
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
-        """Load the weights (nothing to load here)."""
+        """Load the weights (nothing to load here, but they count)."""
         self.events.append("load_model")
+        self.model_runner.model_memory_usage = self.weights_memory
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: the configured value, or a "profiled" one."""
