@@ -83,6 +83,19 @@ def gate(
     return max(fits, key=lambda o: o.kv_cache_memory_bytes), Reason.HIT
 
 
+def implausible(plan: Plan, budget: Budget | None) -> list[Observation]:
+    """The observations of ``plan`` whose KV cache exceeds what ``budget`` allows: no
+    profiled boot of this key could have allocated them (every factor that sizes the budget
+    is part of the key). Empty when the budget is unknown or malformed."""
+    try:
+        limit = None if budget is None else budget.limit()
+    except ValueError:
+        return []
+    if limit is None:
+        return []
+    return [o for o in plan.observations if o.kv_cache_memory_bytes > limit]
+
+
 def applicable_kv_cache_memory_bytes(plan: Plan, current_free_memory: object) -> int | None:
     """The KV-cache bytes to apply, or None when no observation may be applied (``gate``)."""
     best, _ = gate(plan, current_free_memory)

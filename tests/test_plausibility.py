@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from plancache import PlanCache
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
-from plancache.gate import Budget, gate
-from plancache.merge import frontier
+from plancache.gate import Budget, gate, implausible
+from plancache.merge import frontier, merge
 from plancache.observation import Observation
 from plancache.plan import Plan
 from plancache.testing import FACTORS, GiB, make_plan
@@ -134,3 +134,12 @@ def test_tiered_store_looks_in_the_remote_when_the_local_record_is_implausible(
     cache = PlanCache(TieredStore(remote, local=local))
     d = cache.lookup(FACTORS, 80 * GiB, budget=Budget(72 * GiB, 16 * GiB))
     assert (d.kv_cache_memory_bytes, d.reason) == (40 * GiB, "hit")
+
+
+def test_implausible_lists_what_no_boot_of_the_key_could_allocate() -> None:
+    plan = merge(make_plan(10 * GiB, 60 * GiB), make_plan(40 * GiB, 70 * GiB))
+    assert implausible(plan, Budget(50 * GiB, 20 * GiB)) == [plan.observations[1]]
+    assert implausible(plan, Budget(80 * GiB, 20 * GiB)) == []
+    assert implausible(plan, Budget(None, 20 * GiB)) == []  # unknown: nothing judged
+    assert implausible(plan, Budget(True, 20 * GiB)) == []  # malformed: nothing judged
+    assert implausible(plan, None) == []

@@ -83,6 +83,24 @@ def test_the_largest_plausible_observation_is_applied(gpu: ModuleType, store_dir
     assert "memory-profiling" not in worker.events
 
 
+def test_an_implausible_observation_is_retracted_so_honest_ones_are_kept(
+    gpu: ModuleType, store_dir: Path
+) -> None:
+    """78 GiB at a 78 GiB baseline dominates every honest observation of this key (a
+    larger KV from a lower baseline), so merges would drop them and every boot would
+    profile; the first boot that sees it retracts it, and its own observation stays."""
+    first = gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB)
+    poisoned = _seed(store_dir, first, kv=78 * GiB, baseline=78 * GiB)
+    assert booted(first) == 30 * GiB and "memory-profiling" in first.events
+    [record] = stored(store_dir)
+    assert [(o.kv_cache_memory_bytes, o.free_memory_baseline) for o in record.observations] == [
+        (30 * GiB, 80 * GiB)
+    ]
+    assert [t.observation for t in record.retracted] == [poisoned.observations[0].digest]
+    second = gpu.Worker(free_memory=80 * GiB, profiled_kv=31 * GiB)
+    assert booted(second) == 30 * GiB and "memory-profiling" not in second.events
+
+
 def test_a_mark_is_held_from_the_decision_until_the_warm_up_returned(
     gpu: ModuleType, store_dir: Path
 ) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
 from plancache.fingerprint import Scalar, fingerprint
-from plancache.gate import Budget
+from plancache.gate import Budget, implausible
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
@@ -292,6 +292,7 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
     figures = memory_figures(worker)
     budget = Budget(figures.requested_memory, figures.weights_memory)
     boot.decision = decision = boot.pending.result(wait, budget=budget)
+    safely(_retract_implausible, boot, decision, budget)
     if not decision.hit or decision.observation is None or decision.fingerprint is None:
         return Vote.PROFILE
     start = time.perf_counter()
@@ -300,6 +301,27 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
     if boot.mark is None:  # a crash with the plan could repeat on every boot: profile
         return Vote.PROFILE
     return Vote.APPLY
+
+
+def _retract_implausible(boot: Boot, decision: Decision, budget: Budget) -> None:
+    """Retract, in the background, the observations of the record found that no profiled
+    boot of this key could have allocated (over requested memory minus the weights): never
+    applied, they would otherwise stay, and dominate and so drop honest observations at
+    every merge. A read-only store retracts in its local tier only."""
+    if decision.plan is None or decision.fingerprint is None:
+        return
+    retract = _BackgroundRetract(get_cache(), boot.retractions)
+    for observation in implausible(decision.plan, budget):
+        log.warning(
+            "plancache: retracting observation kv=%s baseline=%s of fp=%s: over requested "
+            "memory %s - weights %s",
+            observation.kv_cache_memory_bytes,
+            observation.free_memory_baseline,
+            decision.fingerprint[:12],
+            budget.requested_memory,
+            budget.weights_memory,
+        )
+        retract.retract(decision.fingerprint, observation)
 
 
 def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
