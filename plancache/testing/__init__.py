@@ -2,7 +2,8 @@
 contract suite and loopback servers (install with ``pip install 'plancache[test]'``).
 
 - ``StoreContract``, ``ObjectStoreContract``: pytest base classes; subclass one to run the
-  whole store contract against your own backend (see ``plancache.testing.contract``).
+  whole store contract against your own backend (see ``plancache.testing.contract`` and
+  ``plancache.testing.object_contract``).
 - ``servers``: moto S3, fake-gcs-server, a counting proxy and fault-injecting servers.
 - ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
   processes tests start.
@@ -13,6 +14,7 @@ a server library: the contract classes load on first use, the servers when they 
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from plancache.testing import servers
@@ -20,7 +22,8 @@ from plancache.testing.env import PACKAGE_ROOT, SETTINGS_VARS, child_env
 from plancache.testing.plans import FACTORS, GiB, make_plan
 
 if TYPE_CHECKING:
-    from plancache.testing.contract import ObjectStoreContract, StoreContract
+    from plancache.testing.contract import StoreContract
+    from plancache.testing.object_contract import ObjectStoreContract
 
 __all__ = [
     "FACTORS",
@@ -35,10 +38,12 @@ __all__ = [
 ]
 
 
+_LAZY = {"StoreContract": "contract", "ObjectStoreContract": "object_contract"}
+"""The classes imported on first use, by the module of this package that holds each."""
+
+
 def __getattr__(name: str) -> Any:
     """``StoreContract`` and ``ObjectStoreContract``, imported (with pytest) on first use."""
-    if name in ("StoreContract", "ObjectStoreContract"):
-        from plancache.testing import contract
-
-        return getattr(contract, name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
