@@ -25,13 +25,8 @@ from plancache.errors import (
     PlanStoreUnavailableError,
 )
 from plancache.testing import FACTORS, GiB, make_plan
-from plancache.testing.servers import (
-    FakeGCS,
-    FixedResponseServer,
-    MotoS3,
-    SilentServer,
-    closed_port,
-)
+from plancache.testing.hostile import FixedResponseServer, SilentServer
+from plancache.testing.servers import FakeGCS, MotoS3, closed_port
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 TOKEN = "ya29.a0-plancache-secret-access-token"

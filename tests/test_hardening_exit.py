@@ -23,7 +23,8 @@ import pytest
 
 from plancache.fingerprint import object_name
 from plancache.testing import child_env, make_plan
-from plancache.testing.servers import Reply, ScriptedServer, SilentServer, closed_port
+from plancache.testing.hostile import Reply, ScriptedServer, SilentServer
+from plancache.testing.servers import closed_port
 
 Wrap = Callable[[list[str]], list[str]]
 BLACK_HOLE = "http://plancache-black-hole.example:9000"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache.testing.servers import FixedResponseServer
+from plancache.testing.hostile import FixedResponseServer
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

@@ -21,7 +21,8 @@ from plancache.config import Settings
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, GiB, make_plan
-from plancache.testing.servers import FakeGCS, Reply, Respond, ScriptedServer, SilentServer
+from plancache.testing.hostile import Reply, Respond, ScriptedServer, SilentServer
+from plancache.testing.servers import FakeGCS
 from tests.helpers import within
 
 TOKEN = "ya29.a0-hardening-raw-access-token"

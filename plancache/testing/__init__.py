@@ -4,7 +4,8 @@ contract suite and loopback servers (install with ``pip install 'plancache[test]
 - ``StoreContract``, ``ObjectStoreContract``: pytest base classes; subclass one to run the
   whole store contract against your own backend (see ``plancache.testing.contract`` and
   ``plancache.testing.object_contract``).
-- ``servers``: moto S3, fake-gcs-server, a counting proxy and fault-injecting servers.
+- ``servers``: moto S3, fake-gcs-server and a counting proxy; ``hostile``: scripted, fixed
+  and silent endpoints for fault injection.
 - ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
   processes tests start.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from plancache.testing import servers
+from plancache.testing import hostile, servers
 from plancache.testing.env import PACKAGE_ROOT, SETTINGS_VARS, child_env
 from plancache.testing.plans import FACTORS, GiB, make_plan
 
@@ -33,6 +34,7 @@ __all__ = [
     "ObjectStoreContract",
     "StoreContract",
     "child_env",
+    "hostile",
     "make_plan",
     "servers",
 ]

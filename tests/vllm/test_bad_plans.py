@@ -155,7 +155,7 @@ def test_recovery_keeps_store_latency_off_load_model(
 ) -> None:
     """A dead mark on a node whose shared store never answers: ``load_model``'s entry does not
     wait for the retraction, the boot profiles, nothing raises."""
-    from plancache.testing.servers import SilentServer
+    from plancache.testing.hostile import SilentServer
 
     tier = tmp_path / "tier"
     worker = gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB)
