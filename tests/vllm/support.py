@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from plancache import Plan, fingerprint, open_store
 from plancache.integrations.vllm import factors
-from plancache.integrations.vllm.apply import wait_saved
 from plancache.integrations.vllm.factors import DeviceFactors, SoftwareFactors, as_scalars
+from plancache.integrations.vllm.save import wait_saved
 from plancache.integrations.vllm.worker import WorkerLike
 from plancache.testing import GiB
 

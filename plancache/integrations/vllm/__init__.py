@@ -35,8 +35,9 @@ imported, so processes that never import it (the API server) pay nothing. Guaran
 
 Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point, logs),
 ``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
-save, the boot state, the process's cache and breaker), ``factors`` (the plan key's
-factors), ``agreement`` (the rank agreement), ``worker`` (the worker attributes read).
+the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
+``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
+worker attributes read).
 Importing this package imports neither vLLM nor torch.
 """
 
@@ -47,8 +48,6 @@ from plancache.integrations.vllm.apply import (
     BootMode,
     boot_of,
     maybe_apply_startup_plan,
-    maybe_save_startup_plan,
-    wait_saved,
     warmed_up,
 )
 from plancache.integrations.vllm.enable import enabled
@@ -66,6 +65,7 @@ from plancache.integrations.vllm.patch import (
     patch_worker_module,
 )
 from plancache.integrations.vllm.registration import register
+from plancache.integrations.vllm.save import maybe_save_startup_plan, wait_saved
 from plancache.integrations.vllm.worker import MemoryFigures, WorkerLike, memory_figures
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from plancache.integrations.vllm import apply
+from plancache.integrations.vllm import apply, save
 from plancache.integrations.vllm.apply import safely, warm
 from plancache.integrations.vllm.worker import WorkerLike
 
@@ -95,7 +95,7 @@ def _wrap_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(self, *args, **kwargs)
         start = time.perf_counter()
         safely(apply.warmed_up, self)  # the plan fitted: remove its crash mark
-        safely(apply.start_save, self, getattr(self, "available_kv_cache_memory_bytes", None))
+        safely(save.start_save, self, getattr(self, "available_kv_cache_memory_bytes", None))
         boot = apply.boot_of(self)
         if boot is not None:
             boot.costs["compile_or_warm_up_model"] = time.perf_counter() - start
