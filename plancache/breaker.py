@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import secrets
-import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,12 +49,10 @@ MARKS_DIR = "marks"
 """The subdirectory of the local directory that holds marks."""
 MARK_SUFFIX = ".mark"
 CRASHED_SUFFIX = ".crashed"
-TEMP_SUFFIX = ".tmp"
 MAX_MARKS = 64
 """Most files (marks and crash records) kept; past it the oldest are removed."""
 MAX_AGE_S = 7 * 86400.0
 """Marks and crash records older than this are removed (the node forgets the crash)."""
-STALE_TEMP_S = 3600.0
 MAX_MARK_BYTES = 4096
 
 
@@ -196,16 +194,23 @@ class Breaker:
     # -- around applying ---------------------------------------------------------------------
     def arm(self, fingerprint: str, observation: Observation) -> Mark | None:
         """Leave this process's mark for ``observation`` of ``fingerprint``; call it before
-        applying. None (logged) when the mark cannot be written."""
+        applying. None (logged) when the mark cannot be written. The mark is in place when
+        this returns (created under a name no other process uses); its fsync runs in a daemon
+        thread, off the boot's critical path, and is done long before the seconds of
+        allocation and warm-up that a crash with the plan would need (a process crash needs no
+        fsync at all: the file is already in the page cache). A mark cut short by a kill
+        during its write is unreadable, ignored, and cleaned up by age."""
         process = Process.current()
         name = f"{fingerprint[:16]}.{process.pid}.{secrets.token_hex(4)}{MARK_SUFFIX}"
         mark = Mark(self.directory / name, fingerprint, observation, process, time.time())
         try:
             validate_key(fingerprint)
-            self._write(mark.path, mark.to_json())
+            self._create(mark.path, mark.to_json())
         except Exception as exc:
             log.warning("plancache: crash mark not written in %s: %s", self.directory, exc)
             return None
+        sync = threading.Thread(target=_sync, args=(mark.path,), name="plancache-mark", daemon=True)
+        sync.start()
         return mark
 
     def disarm(self, mark: Mark | None) -> None:
@@ -260,8 +265,8 @@ class Breaker:
 
     def clean(self, older_than: float | None = None, *, dry_run: bool = False) -> int:
         """Remove marks and crash records older than ``older_than`` (default ``max_age``)
-        and past ``max_marks`` the oldest, and temp files older than an hour; returns how
-        many were (or, with ``dry_run``, would be) removed. Never raises."""
+        and past ``max_marks`` the oldest; returns how many were (or, with ``dry_run``, would
+        be) removed. Never raises."""
         limit = self.max_age if older_than is None else older_than
         now = time.time()
         removed = 0
@@ -273,14 +278,11 @@ class Breaker:
             files.sort(reverse=True)
             kept = 0
             for mtime, path in files:
-                temp = path.name.endswith(TEMP_SUFFIX)
-                old = now - mtime > (min(limit, STALE_TEMP_S) if temp else limit)
-                over = not temp and kept >= self.max_marks
-                if old or over:
+                if now - mtime > limit or kept >= self.max_marks:
                     if not dry_run:
                         path.unlink(missing_ok=True)
                     removed += 1
-                elif not temp:
+                else:
                     kept += 1
         except OSError as exc:
             log.warning("plancache: crash marks in %s not cleaned: %s", self.directory, exc)
@@ -292,7 +294,7 @@ class Breaker:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return iter(())
-        suffixes = (MARK_SUFFIX, CRASHED_SUFFIX, TEMP_SUFFIX)
+        suffixes = (MARK_SUFFIX, CRASHED_SUFFIX)
         return (self.directory / n for n in names if n.endswith(suffixes))
 
     def _marks(self, suffix: str) -> list[Mark]:
@@ -303,16 +305,30 @@ class Breaker:
             return []
         return [m for m in map(Mark.read, sorted(paths)) if m is not None]
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Write ``data`` to ``path`` atomically (fsynced temp file, then rename)."""
+    def _create(self, path: Path, data: bytes) -> None:
+        """Create ``path`` (a name no other process uses) holding ``data``; never follows or
+        replaces an existing entry."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.directory, prefix=".mark.", suffix=TEMP_SUFFIX)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(name, path)
+            os.write(fd, data)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            os.close(fd)
+
+
+def _sync(path: Path) -> None:
+    """fsync the file at ``path`` and its directory; a failure is logged (the mark is in
+    place either way)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        log.debug("plancache: crash mark %s not synced: %s", path.name, exc)
