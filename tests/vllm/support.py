@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -98,6 +99,13 @@ def load_standin() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (60 s at most), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def booted(worker: Any) -> int:

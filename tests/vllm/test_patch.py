@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +13,7 @@ import pytest
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import patch
 from plancache.testing import child_env
-from tests.vllm.support import REPO, STANDIN, load_standin
+from tests.vllm.support import REPO, STANDIN, load_standin, run_python
 
 
 def test_patching_keeps_signatures(gpu: ModuleType) -> None:
@@ -65,13 +63,6 @@ def test_register_patches_lazily_on_import(tmp_path: Path) -> None:
         """
     )
     env = child_env([STANDIN, REPO], PLANCACHE_URL=str(tmp_path / "plans"))
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_python(code, env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

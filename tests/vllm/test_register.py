@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import apply, patch, registration
 from plancache.testing import child_env
-from tests.vllm.support import booted, load_standin, vllm_installed
+from tests.vllm.support import booted, load_standin, run_python, vllm_installed
 
 
 @pytest.mark.parametrize(
@@ -93,13 +92,6 @@ def test_register_without_the_worker_module_warns(tmp_path: Path) -> None:
     env = child_env(PLANCACHE_URL=str(tmp_path))
     if vllm_installed():
         pytest.skip("vllm is installed here")
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_python(code, env, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok"
     assert out.stderr.count("plugin inactive") == 1
