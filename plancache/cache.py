@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from plancache import __version__
 from plancache.defaults import DEFAULT_BUDGET_S
@@ -33,6 +33,9 @@ from plancache.plan import Plan
 from plancache.reasons import Reason, RecordReason
 from plancache.redaction import scrub
 from plancache.store import PlanStore, PutOutcome
+
+if TYPE_CHECKING:
+    from plancache.config import Settings
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
@@ -142,7 +145,11 @@ class PlanCache:
         Raises ``ConfigError`` for a malformed variable."""
         from plancache.config import Settings
 
-        settings = Settings.from_env(environ)
+        return cls.from_settings(Settings.from_env(environ))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PlanCache:
+        """A cache on ``settings``' store (opened lazily) with its time budget."""
         return cls(settings.open_store, timeout=settings.timeout)
 
     @property

@@ -41,6 +41,7 @@ from plancache.observation import Observation
 
 if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
     from plancache.breaker import Breaker, Mark
+    from plancache.config import Settings
 
 log = logging.getLogger("plancache.vllm")
 
@@ -53,6 +54,7 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _cache: PlanCache | None = None
 _breaker: Breaker | None = None
+_env_settings: Settings | None = None
 builtins: dict[str, Callable[..., object]] = {}
 """vLLM's own startup-plan functions by name, kept by the patch: they run for a worker whose
 key plancache could not compute."""
@@ -110,12 +112,22 @@ def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
         return None
 
 
+def _settings() -> Settings:
+    """This process's settings, read from the environment once (call under ``_lock``)."""
+    global _env_settings
+    if _env_settings is None:
+        from plancache.config import Settings
+
+        _env_settings = Settings.from_env()
+    return _env_settings
+
+
 def get_cache() -> PlanCache:
     """This process's cache, made from the environment on first use."""
     global _cache
     with _lock:
         if _cache is None:
-            _cache = PlanCache.from_env()
+            _cache = PlanCache.from_settings(_settings())
         return _cache
 
 
@@ -126,9 +138,8 @@ def get_breaker() -> Breaker:
     with _lock:
         if _breaker is None:
             from plancache.breaker import Breaker
-            from plancache.config import Settings
 
-            _breaker = Breaker.from_settings(Settings.from_env())
+            _breaker = Breaker.from_settings(_settings())
         return _breaker
 
 
