@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from plancache import __version__
 from plancache.defaults import DEFAULT_BUDGET_S
@@ -84,25 +84,39 @@ class _Timeout(Exception):
     pass
 
 
+class _Background(Generic[T]):
+    """``fn()`` running in a daemon thread from construction; ``wait`` joins it, bounded."""
+
+    def __init__(self, fn: Callable[[], T], name: str = "plancache-io") -> None:
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: Exception | None = None
+
+        def target() -> None:
+            try:
+                self._value = fn()
+            except Exception as exc:  # handed to the caller
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=target, name=name, daemon=True).start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> T:
+        """``fn``'s result or exception, or ``_Timeout`` past ``timeout`` seconds."""
+        if not self._done.wait(max(0.0, timeout)):
+            raise _Timeout
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set when fn returned
+
+
 def _bounded(fn: Callable[[], T], timeout: float) -> T:
     """Run ``fn`` in a daemon thread; its result, its exception, or ``_Timeout``."""
-    box: dict[str, object] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except Exception as exc:  # handed to the caller
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="plancache-io", daemon=True).start()
-    if not done.wait(timeout):
-        raise _Timeout
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+    return _Background(fn).wait(timeout)
 
 
 def _describe(exc: BaseException) -> tuple[Reason, str]:
@@ -298,35 +312,25 @@ class PendingLookup:
         self.started = time.perf_counter()
         self.current_free_memory = current_free_memory
         self.avoid = frozenset(avoid)
-        self._done = threading.Event()
-        self._plan: Plan | None = None
-        self._error: Exception | None = None
         self._decision: Decision | None = None
+        self._fetch: _Background[Plan | None] | None = None
+        self._invalid = ""
         self.fingerprint: str | None = None
         try:
             self.fingerprint = fingerprint(factors)
         except Exception as exc:  # whatever the caller's mapping raises
-            self._error = exc
-            self._done.set()
+            self._invalid = f"{type(exc).__name__}: {exc}"
             return
         key = self.fingerprint
 
         def usable(p: Plan) -> bool:
             return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
-        def fetch() -> None:
-            try:
-                self._plan = cache.store.find(key, usable)
-            except Exception as exc:  # handed to the caller
-                self._error = exc
-            finally:
-                self._done.set()
-
-        threading.Thread(target=fetch, name="plancache-lookup", daemon=True).start()
+        self._fetch = _Background(lambda: cache.store.find(key, usable), "plancache-lookup")
 
     def done(self) -> bool:
         """True once the fetch has finished (found, missed or failed)."""
-        return self._done.is_set()
+        return self._fetch is None or self._fetch.done()
 
     def result(self, wait: float, *, budget: Budget | None = None) -> Decision:
         """The decision, waiting at most ``wait`` seconds for the fetch (a ``timeout`` miss
@@ -337,20 +341,20 @@ class PendingLookup:
         plan: Plan | None = None
         chosen: Observation | None = None
         detail = ""
-        if not self._done.wait(max(0.0, wait)):
-            reason, detail = _describe(_Timeout())
-        elif self.fingerprint is None:
-            error = self._error
-            reason, detail = Reason.INVALID_FACTORS, f"{type(error).__name__}: {error}"
-        elif self._error is not None:
-            reason, detail = _describe(self._error)
-        elif self._plan is None:
-            reason = Reason.MISS
+        if self._fetch is None:
+            reason, detail = Reason.INVALID_FACTORS, self._invalid
         else:
-            plan = self._plan
-            chosen, reason = gate(plan, self.current_free_memory, budget, self.avoid)
-            if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
-                detail = _budget_detail(plan, self.current_free_memory, budget)
+            try:
+                plan = self._fetch.wait(wait)
+            except Exception as exc:
+                reason, detail = _describe(exc)
+            else:
+                if plan is None:
+                    reason = Reason.MISS
+                else:
+                    chosen, reason = gate(plan, self.current_free_memory, budget, self.avoid)
+                    if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
+                        detail = _budget_detail(plan, self.current_free_memory, budget)
         kv = None if chosen is None else chosen.kv_cache_memory_bytes
         seconds = time.perf_counter() - self.started
         self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
