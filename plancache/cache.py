@@ -224,10 +224,12 @@ class PlanCache:
     def retract(self, fingerprint: str, observation: Observation) -> bool:
         """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
         (``PlanStore.retract``; a read-only tiered store only touches its local tier). True
-        if the store answered; bounded by the time budget; never raises."""
+        if it was removed; False if the retraction changed nothing (no record, or none
+        holding it) or the store failed, each logged as such. Bounded by the time budget;
+        never raises."""
         start = time.perf_counter()
         try:
-            _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
         except Exception as exc:
             reason, detail = _describe(exc)
             log.warning(
@@ -236,6 +238,18 @@ class PlanCache:
                 _short(fingerprint),
                 (time.perf_counter() - start) * 1e3,
                 detail,
+            )
+            return False
+        if not done.removed:
+            log.warning(
+                "plancache: retract fp=%s kv=%s baseline=%s changed nothing: %s holds %s "
+                "(in %.1f ms)",
+                _short(fingerprint),
+                _gib(observation.kv_cache_memory_bytes),
+                _gib(observation.free_memory_baseline),
+                self.store.url,
+                "no record of that key" if done.record is None else "no such observation",
+                (time.perf_counter() - start) * 1e3,
             )
             return False
         log.warning(

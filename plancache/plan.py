@@ -21,7 +21,8 @@ Tombstones (``retracted``): a retracted observation is removed from the record a
 tombstone (its digest, its ``created_at`` and when it was retracted), so that merging an older
 copy never brings it back (see ``plancache.merge``). A record whose every observation was
 retracted keeps its tombstones and no observation: it applies nowhere, and it still removes
-the retracted observations from whatever is merged into it.
+the retracted observations from whatever is merged into it. Tombstones dated more than
+``MAX_CLOCK_SKEW_S`` ahead of the reader's clock are ignored (``Tombstone.believable``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ import orjson
 
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 from plancache.fingerprint import Scalar, check_factors, check_scalar, fingerprint
-from plancache.observation import OBSERVATION_FIELDS, Observation, Tombstone, is_hex
+from plancache.observation import (
+    MAX_CLOCK_SKEW_S,
+    OBSERVATION_FIELDS,
+    Observation,
+    Tombstone,
+    is_hex,
+)
 
 SCHEMA = 2
 """The schema this version writes."""
@@ -256,7 +263,9 @@ class Plan:
         return data
 
     @classmethod
-    def decode(cls, data: bytes, *, expected_fingerprint: str | None = None) -> Plan:
+    def decode(
+        cls, data: bytes, *, expected_fingerprint: str | None = None, now: float | None = None
+    ) -> Plan:
         """Parse and validate a record. Raises only :class:`InvalidPlanError`.
 
         ``expected_fingerprint`` (the key the record was read under) must match the body.
@@ -264,6 +273,8 @@ class Plan:
         carried, not checked); duplicate keys are invalid; a schema-1 record
         is read as a one-point frontier; another integer ``schema`` raises
         :class:`UnsupportedSchemaError` (a miss for the cache; stores never overwrite it).
+        A record without observations whose every tombstone is dated too far ahead of
+        ``now`` to be believed (``Tombstone.believable``) holds nothing: invalid.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
@@ -298,7 +309,7 @@ class Plan:
         signature = None
         if schema == SCHEMA and "signature" in obj:
             signature = Signature.from_dict(obj["signature"])
-        return cls(
+        plan = cls(
             obj["fingerprint"],
             obj["factors"],
             observations,
@@ -307,6 +318,12 @@ class Plan:
             tuple(Tombstone.from_dict(t) for t in tombs),
             signature,
         )
+        if not (plan.observations or any(t.believable(now) for t in plan.retracted)):
+            raise InvalidPlanError(
+                "record holds no observation and only tombstones dated more than "
+                f"{MAX_CLOCK_SKEW_S:g} s ahead"
+            )
+        return plan
 
 
 _FIELDS = ("schema", "fingerprint", "factors", "observations")

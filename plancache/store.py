@@ -14,6 +14,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from plancache.errors import (
     InvalidPlanError,
@@ -46,6 +47,18 @@ class PutOutcome(enum.Enum):
     CREATED = "created"
     REPLACED = "replaced"
     KEPT = "kept"
+
+
+@dataclass(frozen=True)
+class Retraction:
+    """What ``PlanStore.retract`` did."""
+
+    record: Plan | None
+    """The record stored afterwards (None: the store holds none under the key)."""
+    removed: bool
+    """True if the record held the observation when it was read and no longer does (the
+    retraction took effect); False if it changed nothing a lookup sees (no record, or one
+    without that observation, which still gets its tombstone)."""
 
 
 class PlanStore(ABC):
@@ -210,15 +223,23 @@ class PlanStore(ABC):
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )
 
-    def retract(self, fp: str, observation: Observation, at: float | None = None) -> Plan | None:
-        """Remove ``observation`` from the record under ``fp`` and keep its tombstone, through
-        ``rewrite``'s compare-and-swap; returns the record now stored (None if there is none:
-        nothing to retract). Every other observation stays. When no observation is left the
-        record is kept with its tombstones only (it applies nowhere), so that an older copy
-        merged later cannot bring the observation back; ``plancache prune`` forgets it once
-        the observation itself would be pruned."""
+    def retract(self, fp: str, observation: Observation, at: float | None = None) -> Retraction:
+        """Remove ``observation`` from the record under ``fp`` and keep its tombstone (always:
+        ``plancache.merge.retract``), through ``rewrite``'s compare-and-swap; returns the
+        record now stored and whether the observation was removed (a missing record is not
+        created: nothing to retract). Every other observation stays. When no observation is
+        left the record is kept with its tombstones only (it applies nowhere), so that an
+        older copy merged later cannot bring the observation back; ``plancache prune``
+        forgets it once the observation itself would be pruned."""
         when = time.time() if at is None else at
-        return self.rewrite(fp, lambda p: retract(p, observation, when))
+        held: list[bool] = []
+
+        def change(plan: Plan) -> Plan:
+            held.append(any(o.digest == observation.digest for o in plan.observations))
+            return retract(plan, observation, when)
+
+        record = self.rewrite(fp, change)
+        return Retraction(record, any(held))
 
     def delete(self, fp: str) -> bool:
         """Remove the plan under ``fp``; True if one was there."""
