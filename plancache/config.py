@@ -47,17 +47,26 @@ def parse_bool(name: str, value: str) -> bool:
     raise ConfigError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
 
 
-def parse_timeout(name: str, value: str) -> float:
-    """A number of seconds in (0, ``MAX_SECONDS``]; else ``ConfigError``."""
+def parse_seconds(text: str) -> float:
+    """``text`` as a number of seconds in (0, ``MAX_SECONDS``], the range of every time
+    setting (``PLANCACHE_TIMEOUT``, ``plancache --timeout``); else ``ConfigError`` saying
+    what is expected."""
     try:
-        t = float(value)
+        t = float(text)
     except ValueError:
-        raise ConfigError(f"{name}={value!r}: expected seconds as a number") from None
+        raise ConfigError("expected seconds as a number") from None
     if not (math.isfinite(t) and 0 < t <= MAX_SECONDS):
-        raise ConfigError(
-            f"{name}={value!r}: expected a positive number of seconds, at most {MAX_SECONDS:g}"
-        )
+        raise ConfigError(f"expected a positive number of seconds, at most {MAX_SECONDS:g}")
     return t
+
+
+def parse_timeout(name: str, value: str) -> float:
+    """Variable ``name``'s ``value`` as seconds (``parse_seconds``); else ``ConfigError``
+    naming it."""
+    try:
+        return parse_seconds(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}={value!r}: {exc}") from None
 
 
 def parse_storage_options(text: str, source: str) -> dict[str, Any]:
