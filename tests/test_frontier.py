@@ -160,13 +160,26 @@ def make_fp() -> str:
 
 pool = st.lists(observations, min_size=1, max_size=8, unique_by=lambda o: o.digest)
 times = st.sampled_from([10.0, 20.0, 30.0])
+NOW = 1000.0
+HORIZON = NOW + MAX_CLOCK_SKEW_S
+dated = st.sampled_from([10.0, 20.0, NOW + 3600.0, HORIZON + 1.0, MAX_CREATED_AT])
+"""Retraction times up to year 9999, some past the skew bound of a node reading at ``NOW``."""
 
 
 @st.composite
-def records(draw: st.DrawFn, universe: list[Observation]) -> Plan:
+def records(
+    draw: st.DrawFn,
+    universe: list[Observation],
+    when: st.SearchStrategy[float] = times,
+    now: float | None = None,
+) -> Plan:
+    """Records of points of ``universe`` with tombstones retracted at ``when``, merged at
+    ``now``: those that a node reading at ``NOW`` takes for valid."""
     points = draw(st.lists(st.sampled_from(universe), max_size=6))
-    dead = draw(st.lists(st.tuples(st.sampled_from(universe), times), max_size=3))
-    return _record(points, dead)
+    dead = draw(st.lists(st.tuples(st.sampled_from(universe), when), max_size=3))
+    record = _record(points, dead, now)
+    assume(record.observations or any(t.believable(NOW) for t in record.retracted))
+    return record
 
 
 @settings(max_examples=300, deadline=None)
@@ -210,20 +223,6 @@ def test_tombstones_are_bounded_and_keep_the_latest_retractions(
 
 
 # -- tombstones dated ahead: dropped past the skew bound, judged at one ``now`` ----------------
-NOW = 1000.0
-HORIZON = NOW + MAX_CLOCK_SKEW_S
-dated = st.sampled_from([10.0, 20.0, NOW + 3600.0, HORIZON + 1.0, MAX_CREATED_AT])
-
-
-@st.composite
-def stored_records(draw: st.DrawFn, universe: list[Observation]) -> Plan:
-    """Records as any writer may have stored them (tombstones dated anywhere up to year 9999)
-    that a node reads at ``NOW`` as valid."""
-    points = draw(st.lists(st.sampled_from(universe), max_size=6))
-    dead = draw(st.lists(st.tuples(st.sampled_from(universe), dated), max_size=3))
-    record = _record(points, dead, now=MAX_CREATED_AT)
-    assume(record.observations or any(t.believable(NOW) for t in record.retracted))
-    return record
 
 
 @settings(max_examples=300, deadline=None)
@@ -231,7 +230,7 @@ def stored_records(draw: st.DrawFn, universe: list[Observation]) -> Plan:
 def test_the_merge_drops_tombstones_past_the_skew_bound_and_stays_a_semilattice(
     data: st.DataObject, universe: list[Observation]
 ) -> None:
-    a, b, c = (data.draw(stored_records(universe)) for _ in range(3))
+    a, b, c = (data.draw(records(universe, dated, MAX_CREATED_AT)) for _ in range(3))
 
     def m(x: Plan, y: Plan) -> Plan:
         return merge(x, y, now=NOW)
