@@ -164,5 +164,5 @@ def test_what_an_error_body_gives_is_cut_to_a_safe_set_and_length() -> None:
             store.get(make_plan().fingerprint)
         store.close()
     reason = str(info.value).partition("HTTP 403: ")[2]
-    assert reason.startswith("[31mred caf ") and len(reason) == REASON_CHARS
+    assert reason.startswith(r"\x1b[31mred\x07 caf\xe9 \u202exxx") and len(reason) == REASON_CHARS
     assert all(" " <= c <= "~" for c in str(info.value))

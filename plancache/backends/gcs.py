@@ -60,16 +60,18 @@ class GCSStatusError(Exception):
 
 
 def _reason(body: bytes, secrets: Iterable[str]) -> str:
-    """The ``error.message`` of a JSON error body (or its text), on one short line: printable
-    ASCII only, ``secrets`` masked, at most ``REASON_CHARS`` characters."""
+    """The ``error.message`` of a JSON error body (or its text), on one short line of
+    printable ASCII: ``secrets`` masked, any other character escaped (``\\x1b``,
+    ``\\u202e``), at most ``REASON_CHARS`` characters."""
     text = body.decode("utf-8", "replace")
     try:
         error = json.loads(text)["error"]
         text = str(error.get("message", "") if isinstance(error, dict) else error)
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
-    printable = "".join(c for c in text if " " <= c <= "~" or c.isspace())
-    return scrub(" ".join(printable.split()), secrets)[:REASON_CHARS]
+    text = scrub(" ".join(text.split()), secrets)
+    ascii_text = (c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in text)
+    return "".join(ascii_text)[:REASON_CHARS]
 
 
 def _bucket_missing(reason: str) -> bool:
