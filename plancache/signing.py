@@ -2,10 +2,10 @@
 
 A signature is the HMAC-SHA256 of a record's canonical encoding without its signature
 (``Plan.payload``) under a secret key, stored in the record with the key's id
-(``Plan.signature``). A key is a string of at least ``MIN_KEY_CHARS`` characters without
-whitespace or commas (``openssl rand -hex 32`` makes one); its id is derived from it
-(``key_id``: 16 hex digits of an HMAC of a fixed text under the key), so no name has to be
-given and two different keys get different ids.
+(``Plan.signature``). A key is a string of at least ``MIN_KEY_CHARS`` printable ASCII
+characters other than spaces and commas (``openssl rand -hex 32`` makes one); its id is
+derived from it (``key_id``: 16 hex digits of an HMAC of a fixed text under the key), so no
+name has to be given and two different keys get different ids.
 
 A ``Keyring`` holds an optional signing key and the accepted keys (the verify keys and the
 signing key). Every store has one (``PlanStore.keyring``; ``NO_KEYS`` by default), and the
@@ -41,7 +41,7 @@ from plancache.plan import KEY_ID_CHARS, Plan, Signature
 MIN_KEY_CHARS = 16
 """Shortest key accepted."""
 _KEY_ID_TEXT = b"plancache key id"
-_SEPARATORS = re.compile(r"[\s,]+")
+_SEPARATORS = re.compile(r"[\s,]+", re.ASCII)
 
 
 class Verdict(enum.StrEnum):
@@ -63,18 +63,30 @@ def key_id(key: str) -> str:
     return mac[:KEY_ID_CHARS]
 
 
-def parse_keys(text: str, source: str) -> list[str]:
-    """The keys in ``text`` (the value of ``source``, a variable or file): separated by
-    whitespace, commas or newlines; lines starting with ``#`` are comments. Raises
-    ``ConfigError`` naming ``source`` and the key's position, never the key."""
-    lines = (line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    keys = [k for line in lines for k in _SEPARATORS.split(line) if k]
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a key (never quoting it), or None if it can."""
+    if not (key.isascii() and key.isprintable()) or _SEPARATORS.search(key):
+        return "holds whitespace, a comma or a character that is not printable ASCII"
+    if len(key) < MIN_KEY_CHARS:
+        return f"has {len(key)} characters; a key has at least {MIN_KEY_CHARS}"
+    return None
+
+
+def parse_keys(text: str, source: str, *, comments: bool = False) -> list[str]:
+    """The keys in ``text`` (the value of ``source``, a variable or file): separated by ASCII
+    whitespace or commas. With ``comments`` (key files), a word that starts with ``#`` begins
+    a comment that runs to the end of its line; elsewhere ``#`` is a key character like any
+    other. Raises ``ConfigError`` naming ``source`` and the key's position, never the key."""
+    keys: list[str] = []
+    for line in text.split("\n"):
+        for word in filter(None, _SEPARATORS.split(line)):
+            if comments and word.startswith("#"):
+                break
+            keys.append(word)
     for n, key in enumerate(keys, 1):
-        if len(key) < MIN_KEY_CHARS:
-            raise ConfigError(
-                f"{source}: key {n} has {len(key)} characters; a key has at least "
-                f"{MIN_KEY_CHARS} (make one with `openssl rand -hex 32`)"
-            )
+        problem = key_problem(key)
+        if problem is not None:
+            raise ConfigError(f"{source}: key {n} {problem} (make one with `openssl rand -hex 32`)")
     return keys
 
 
@@ -89,15 +101,14 @@ class Keyring:
     __slots__ = ("_keys", "_signing")
 
     def __init__(self, signing_key: str | None = None, verify_keys: Iterable[str] = ()) -> None:
-        """Raises ``ConfigError`` (without the key) for a key shorter than ``MIN_KEY_CHARS``
-        or holding whitespace or commas."""
+        """Raises ``ConfigError`` (without the key) for a key that ``key_problem`` rejects."""
         keys = [] if signing_key is None else [signing_key]
         keys += list(verify_keys)
         for key in keys:
-            if len(key) < MIN_KEY_CHARS or _SEPARATORS.search(key):
+            if key_problem(key) is not None:
                 raise ConfigError(
-                    f"a signing key has at least {MIN_KEY_CHARS} characters and no whitespace "
-                    "or commas"
+                    f"a signing key is at least {MIN_KEY_CHARS} printable ASCII characters, "
+                    "without spaces or commas"
                 )
         self._keys = {key_id(k): k.encode() for k in keys}
         self._signing = None if signing_key is None else key_id(signing_key)

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -202,7 +203,10 @@ def test_keys_from_variables_and_files(tmp_path: Path) -> None:
         ({"PLANCACHE_VERIFY_KEYS": f"{OLD},tiny-secret"}, "PLANCACHE_VERIFY_KEYS: key 2 has 11"),
         ({"PLANCACHE_SIGNING_KEY": f"{OLD} {NEW}"}, "holds 2 keys; it takes one"),
         ({"PLANCACHE_SIGNING_KEY": OLD, "PLANCACHE_SIGNING_KEY_FILE": "/k"}, "not both"),
-        ({"PLANCACHE_SIGNING_KEY_FILE": "/nonexistent/key"}, "cannot read it: No such file"),
+        (
+            {"PLANCACHE_SIGNING_KEY_FILE": "/nonexistent/key"},
+            "cannot read PLANCACHE_SIGNING_KEY_FILE '/nonexistent/key': No such file",
+        ),
     ],
 )
 def test_bad_keys_name_the_variable_never_the_key(env: dict[str, str], message: str) -> None:
@@ -215,7 +219,59 @@ def test_bad_keys_name_the_variable_never_the_key(env: dict[str, str], message: 
     with pytest.raises(ConfigError, match=f"at least {MIN_KEY_CHARS}") as direct:
         Keyring("short-secret")
     assert "short-secret" not in str(direct.value)
-    assert parse_keys("# only a comment\n\n", "X") == []
+    assert parse_keys("# only a comment\n\n", "X", comments=True) == []
+
+
+def test_a_hash_starts_a_comment_in_key_files_only(tmp_path: Path) -> None:
+    """In a variable, ``#`` is a key character: a key that starts with it signs, and an
+    unsigned record is not applied. In a key file, a word that starts with ``#`` begins a
+    comment that runs to the end of its line."""
+    hashed = "#" + OLD
+    assert keyring_from_env({"PLANCACHE_SIGNING_KEY": hashed}) == Keyring(hashed)
+    ring = keyring_from_env({"PLANCACHE_VERIFY_KEYS": f"{NEW},{hashed}"})
+    assert ring == Keyring(verify_keys=[NEW, hashed])
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# retired 2026-11\n  {hashed}\n{NEW}  # the fleet's, {OTHER}\n")
+    key_file.chmod(0o600)
+    from_file = keyring_from_env({"PLANCACHE_VERIFY_KEYS_FILE": str(key_file)})
+    assert from_file == Keyring(verify_keys=[NEW])
+    LocalStore(tmp_path / "plans").put(A)  # unsigned
+    env = {"PLANCACHE_URL": str(tmp_path / "plans"), "PLANCACHE_SIGNING_KEY": hashed}
+    cache = PlanCache.from_env(env | {"PLANCACHE_TIMEOUT": "30"})
+    assert cache.lookup(FACTORS, FREE).reason is Reason.INVALID_SIGNATURE
+    recorded = cache.record(FACTORS, kv_cache_memory_bytes=GiB, free_memory_baseline=70 * GiB)
+    assert recorded.outcome is PutOutcome.REPLACED
+    stored = cache.store.get(FP)
+    assert stored is not None and stored.signature is not None
+    assert stored.signature.keyid == key_id(hashed)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PLANCACHE_SIGNING_KEY": "\u2003" * 24}, "PLANCACHE_SIGNING_KEY: key 1 holds whitespace"),
+        ({"PLANCACHE_VERIFY_KEYS": f"{OLD}\u3000{NEW}"}, "PLANCACHE_VERIFY_KEYS: key 1 holds"),
+        ({"PLANCACHE_VERIFY_KEYS": f"{OLD},\x1b[0m{NEW}"}, "PLANCACHE_VERIFY_KEYS: key 2 holds"),
+        ({"PLANCACHE_SIGNING_KEY": ""}, "PLANCACHE_SIGNING_KEY is set but holds no key;"),
+        ({"PLANCACHE_VERIFY_KEYS": " ,\n\t"}, "PLANCACHE_VERIFY_KEYS is set but holds no key;"),
+        ({"PLANCACHE_VERIFY_KEYS": OLD, "PLANCACHE_SIGNING_KEY": ""}, "SIGNING_KEY is set but"),
+        ({"PLANCACHE_SIGNING_KEY": "", "PLANCACHE_SIGNING_KEY_FILE": "/k"}, "not both"),
+        ({"PLANCACHE_SIGNING_KEY_FILE": "comments"}, "SIGNING_KEY_FILE is set but holds no key"),
+        ({"PLANCACHE_VERIFY_KEYS_FILE": "empty"}, "VERIFY_KEYS_FILE is set but holds no key"),
+    ],
+)
+def test_a_key_setting_without_a_usable_key_is_an_error(
+    env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    """A key variable or file that is set but yields no usable key (Unicode spaces, control
+    characters, nothing at all, comments only) never means "no signing"."""
+    for name, text in {"comments": f"# {OLD}\n   #{NEW}\n", "empty": ""}.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o600)
+    env = {k: str(tmp_path / v) if k.endswith("_FILE") and v != "/k" else v for k, v in env.items()}
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        keyring_from_env(env)
+    assert OLD not in str(info.value) and NEW not in str(info.value)
 
 
 # -- readers ----------------------------------------------------------------------------------

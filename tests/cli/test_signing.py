@@ -5,6 +5,7 @@ from the environment or ``--keys-file``), who signed in ``ls`` and ``show``, ``c
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -258,3 +259,13 @@ def test_bad_keys_fail_in_one_line_without_the_key(
     result = run(*debug, "verify", "--require-signature", "--keys-file", str(keys), str(root))
     assert result.returncode == 2 and "--keys-file: key 2 has 10 characters" in result.stderr
     assert short not in result.stdout + result.stderr and KEY not in result.stdout + result.stderr
+
+
+def test_a_keys_file_that_is_a_fifo_fails_at_once(root: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "keys"
+    os.mkfifo(fifo)
+    result = run("verify", "--require-signature", "--keys-file", str(fifo), str(root), timeout=30)
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"plancache: error: cannot read --keys-file '{fifo}': not a regular file\n"
+    )
