@@ -62,7 +62,8 @@ class InvalidSignatureError(InvalidPlanError):
 
 class UnsupportedSchemaError(InvalidPlanError):
     """A record of another schema version (e.g. from a newer plancache): never applied, never
-    overwritten or deleted by this version; a miss for the cache."""
+    overwritten or deleted by this version, unless keys are configured and none of them signed
+    it (``Keyring.check_foreign``); a miss for the cache."""
 
 
 class ConfigError(ValueError):

@@ -23,6 +23,11 @@ store's merge loop follows these rules through it:
   a signed record, which keeps its signature. Such a writer never replaces a signed record by
   one it cannot vouch for (``may_replace``): its put keeps the signed record and writes
   nothing, and its rewrite (retract, prune) raises ``PlanStorePermissionError``.
+- A record of another schema (a newer plancache's) is judged by the rule every schema keeps
+  (``check_foreign``): a ``signature`` whose HMAC covers the canonical encoding of the whole
+  record without it. Only a write that an accepted key vouches for replaces such a record,
+  and only when no accepted key vouches for it (``displaces``); without keys it is never
+  replaced.
 
 Keys appear in no ``repr``, message or log line; only their ids do.
 """
@@ -35,7 +40,9 @@ import hmac
 import re
 from collections.abc import Iterable
 
-from plancache.errors import ConfigError, InvalidSignatureError
+import orjson
+
+from plancache.errors import ConfigError, InvalidPlanError, InvalidSignatureError
 from plancache.plan import KEY_ID_CHARS, Plan, Signature
 
 MIN_KEY_CHARS = 16
@@ -162,25 +169,30 @@ class Keyring:
     def verdict(self, plan: Plan) -> Verdict:
         """What this keyring makes of ``plan``'s signature (``UNKNOWN_KEY`` for any
         signature when it holds no key)."""
-        sig = plan.signature
+        return self._verdict(plan.signature, plan.payload())
+
+    def _verdict(self, sig: Signature | None, payload: bytes) -> Verdict:
         if sig is None:
             return Verdict.UNSIGNED
         key = self._keys.get(sig.keyid)
         if key is None:
             return Verdict.UNKNOWN_KEY
-        if not hmac.compare_digest(_mac(key, plan.payload()), sig.hmac_sha256):
+        if not hmac.compare_digest(_mac(key, payload), sig.hmac_sha256):
             return Verdict.BAD_MAC
         return Verdict.VALID
 
     def check(self, plan: Plan) -> Plan:
         """``plan``, if this keyring holds no key or ``plan`` is validly signed by an
         accepted one; else ``InvalidSignatureError`` saying why."""
+        self._check(plan.signature, plan.payload())
+        return plan
+
+    def _check(self, sig: Signature | None, payload: bytes) -> None:
         if not self._keys:
-            return plan
-        verdict = self.verdict(plan)
+            return
+        verdict = self._verdict(sig, payload)
         if verdict is Verdict.VALID:
-            return plan
-        sig = plan.signature
+            return
         if sig is None:
             raise InvalidSignatureError("record is not signed")
         if verdict is Verdict.UNKNOWN_KEY:
@@ -189,6 +201,23 @@ class Keyring:
             f"record's signature by key {sig.keyid} does not match its content "
             "(changed after signing)"
         )
+
+    def check_foreign(self, data: bytes) -> None:
+        """``InvalidSignatureError`` unless this keyring holds no key or ``data``, a record
+        of another schema, is validly signed by an accepted key under the rule every schema
+        keeps: a ``signature`` ``{"keyid", "hmac_sha256"}`` whose HMAC covers the canonical
+        encoding (orjson, sorted keys) of the record without it."""
+        if not self._keys:
+            return
+        try:
+            record = orjson.loads(data)
+            if not isinstance(record, dict):
+                raise InvalidPlanError("a record is a JSON object")
+            sig = Signature.from_dict(record.pop("signature")) if "signature" in record else None
+            payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError, InvalidPlanError) as exc:
+            raise InvalidSignatureError(f"record's signature cannot be checked: {exc}") from None
+        self._check(sig, payload)
 
     # -- the writer's rules (see the module docstring) -------------------------------------
     def seal(self, plan: Plan) -> Plan:
@@ -217,6 +246,19 @@ class Keyring:
         if sealed.signature is None:
             return False
         return not self._keys or self.verdict(sealed) is Verdict.VALID
+
+    def displaces(self, foreign: bytes, sealed: Plan) -> bool:
+        """True where writing ``sealed`` may replace ``foreign``, a record of another schema:
+        ``sealed`` is validly signed by an accepted key and ``foreign`` is not
+        (``check_foreign``), so it is as untrusted as an invalid record. Otherwise (no keys,
+        or an unsigned write) another version's record is never overwritten."""
+        if not self._keys or self.verdict(sealed) is not Verdict.VALID:
+            return False
+        try:
+            self.check_foreign(foreign)
+        except InvalidSignatureError:
+            return True
+        return False
 
 
 NO_KEYS = Keyring()

@@ -35,6 +35,7 @@ from plancache.reasons import Reason, RecordReason
 from plancache.signing import MIN_KEY_CHARS, NO_KEYS, Keyring, Verdict, key_id, parse_keys
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.contract import race
+from plancache.testing.plans import newer_schema_record
 from plancache.testing.servers import MotoS3
 
 OLD = secrets.token_hex(32)
@@ -330,6 +331,39 @@ def test_a_signed_write_replaces_an_untrusted_record_without_its_observations(no
     assert writer.put_merged(C)[1] == C  # a tampered record counts as untrusted too
 
 
+def test_a_record_of_another_schema_no_accepted_key_signed_never_blocks_a_signed_write(
+    node: Node,
+) -> None:
+    """A planted ``{"schema": 3}`` (unsigned, signed by another key, or changed after
+    signing) is replaced by the next signed write through the compare-and-swap; writers
+    without keys, and unsigned writes, keep it as before; a newer version's record that an
+    accepted key signed is never overwritten."""
+    plain = node(NO_KEYS)
+    ours = newer_schema_record(FP, OLD, points=[1, 2.5])
+    changed = edited(ours, lambda o: o.update(points=[2, 2.5]))  # after signing
+    unsigned, theirs = newer_schema_record(FP), newer_schema_record(FP, OTHER)
+    deep = b'{"schema": 3, "x": ' + b"[" * 600 + b"]" * 600 + b"}"  # too deep to re-encode
+    for planted in (unsigned, theirs, changed, b'{"schema": 3}', deep):
+        plain.delete(FP)
+        assert plain._create(FP, planted)
+        assert plain.put(A) is PutOutcome.KEPT  # without keys: never overwritten
+        assert node(Keyring(verify_keys=[OLD])).put(A) is PutOutcome.KEPT  # an unsigned write
+        assert plain.read_raw(FP) == planted
+        outcome, stored = node(signer(OLD)).put_merged(B)
+        assert outcome is PutOutcome.REPLACED and stored == B
+        assert stored.signature is not None and stored.signature.keyid == key_id(OLD)
+        assert cache_on(node(signer(OLD))).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
+    plain.delete(FP)
+    assert plain._create(FP, theirs)
+    verify_only = node(Keyring(verify_keys=[OLD]))
+    assert verify_only.put(signer(OLD).sign(A)) is PutOutcome.REPLACED  # a signed copy
+    plain.delete(FP)
+    assert plain._create(FP, ours)
+    assert node(signer(NEW, OLD)).put_merged(B) == (PutOutcome.KEPT, None)
+    assert node(signer(NEW, OLD)).put_merged(C) == (PutOutcome.KEPT, None)
+    assert plain.read_raw(FP) == ours
+
+
 def test_an_unsigned_writer_never_strips_a_signature(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -406,7 +440,14 @@ def test_without_keys_records_are_byte_identical(tmp_path: Path) -> None:
     assert b"signature" not in data
 
 
-def test_racing_signing_threads_converge_on_a_signed_frontier(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", [None, newer_schema_record(FP)])
+def test_racing_signing_threads_converge_on_a_signed_frontier(
+    tmp_path: Path, planted: bytes | None
+) -> None:
+    """Also over a record of another schema no key signed: it is replaced by compare-and-swap,
+    so the writers racing to replace it lose no observation."""
+    if planted is not None:
+        assert LocalStore(tmp_path)._create(FP, planted)
     plans = [make_plan(kv=(10 + i) * GiB, baseline=(60 + 2 * i) * GiB) for i in range(8)]
     ring = signer(OLD)
 
