@@ -27,13 +27,13 @@ from plancache.errors import (
     UnsupportedStoreError,
     deprecated_alias,
 )
+from plancache.fingerprint import fingerprint  # bound now: the submodule shares its name
 
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from plancache.backends import open_store
     from plancache.cache import Decision, PlanCache, Recorded
-    from plancache.fingerprint import fingerprint
     from plancache.gate import Budget, applicable_kv_cache_memory_bytes
     from plancache.observation import Observation
     from plancache.plan import Plan
@@ -45,7 +45,6 @@ _LAZY = {
     "Decision": "plancache.cache",
     "PlanCache": "plancache.cache",
     "Recorded": "plancache.cache",
-    "fingerprint": "plancache.fingerprint",
     "Budget": "plancache.gate",
     "applicable_kv_cache_memory_bytes": "plancache.gate",
     "Observation": "plancache.observation",
