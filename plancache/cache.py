@@ -191,7 +191,7 @@ class PlanCache:
     def lookup(
         self,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         *,
         budget: Budget | None = None,
         avoid: Collection[str] = (),
@@ -209,7 +209,7 @@ class PlanCache:
     def start_lookup(
         self,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         *,
         avoid: Collection[str] = (),
         budget: Budget | None = None,
@@ -305,7 +305,7 @@ class PendingLookup:
         self,
         cache: PlanCache,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         avoid: Collection[str] = (),
         budget: Budget | None = None,
     ) -> None:
