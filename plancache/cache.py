@@ -238,12 +238,19 @@ class PlanCache:
                 detail,
             )
             return False
+        from plancache.backends.tiered import TieredStore  # rarely needed: off the import
+
+        store = self.store
+        what, where = "retracted", f"from {store.url}"
+        if isinstance(store, TieredStore) and store.read_only and store.local is None:
+            what, where = "not retracted", f"({store.url} is read-only, with no local tier)"
         log.warning(
-            "plancache: retracted fp=%s kv=%s baseline=%s from %s in %.1f ms",
+            "plancache: %s fp=%s kv=%s baseline=%s %s in %.1f ms",
+            what,
             _short(fingerprint),
             _gib(observation.kv_cache_memory_bytes),
             _gib(observation.free_memory_baseline),
-            self.store.url,
+            where,
             (time.perf_counter() - start) * 1e3,
         )
         return True
