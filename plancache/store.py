@@ -146,7 +146,8 @@ class PlanStore(ABC):
         Signatures (``self.keyring``, rules in ``plancache.signing``): with a signing key,
         what is written is signed, and a stored record without a valid signature counts as
         invalid (replaced by ``plan`` alone); without one, a signed record is never replaced
-        by an unsigned merge (KEPT)."""
+        by an unsigned merge (KEPT). A record of an unknown schema that no accepted key
+        signed is replaced by a write that one does (``Keyring.displaces``)."""
         keys = self.keyring
         fp = validate_key(plan.fingerprint)
         new = keys.seal(plan)
@@ -160,8 +161,13 @@ class PlanStore(ABC):
             raw, version = found
             try:
                 stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
-            except UnsupportedSchemaError:
-                return PutOutcome.KEPT, None  # another version's record: not ours to replace
+            except UnsupportedSchemaError as exc:
+                if not keys.displaces(raw, new):
+                    return PutOutcome.KEPT, None  # another version's record: not ours to replace
+                log.warning(
+                    "plancache: replacing record %s… that no accepted key signed: %s", fp[:12], exc
+                )
+                merged = new
             except InvalidPlanError as exc:
                 log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
                 merged = new
