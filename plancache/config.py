@@ -13,12 +13,16 @@
   (see ``plancache.signing``). A key variable that is set (even empty) but holds no key is a
   ``ConfigError``, never "no signing"; ``#`` starts a comment in key files only
   (``read_key_file``: regular files of at most ``MAX_KEY_FILE_BYTES``).
+- ``PLANCACHE_TRUST_PRECONDITIONS``: write to a remote store without the conformance probe,
+  even one found to ignore conditional writes (default 0; see
+  ``plancache.backends.guarded``)
 
 fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itself.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -173,13 +177,15 @@ class Settings:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     keyring: Keyring = NO_KEYS
     """The signing and verify keys (``plancache.signing``); ``repr`` shows their ids only."""
+    trust_preconditions: bool = False
+    """Write to a remote store without probing that it honours conditional writes."""
 
     def __repr__(self) -> str:
         return (
             f"Settings(url={without_userinfo(self.url)!r}, timeout={self.timeout}, "
             f"read_only={self.read_only}, "
             f"local_tier={self.local_tier!r}, storage_options={redact(self.storage_options)!r}, "
-            f"keyring={self.keyring!r})"
+            f"keyring={self.keyring!r}, trust_preconditions={self.trust_preconditions})"
         )
 
     @classmethod
@@ -203,7 +209,10 @@ class Settings:
         options = parse_storage_options(
             env.get("PLANCACHE_STORAGE_OPTIONS", ""), "PLANCACHE_STORAGE_OPTIONS"
         )
-        return cls(url, timeout, read_only, tier, options, keyring_from_env(env))
+        trust = parse_bool(
+            "PLANCACHE_TRUST_PRECONDITIONS", env.get("PLANCACHE_TRUST_PRECONDITIONS", "0")
+        )
+        return cls(url, timeout, read_only, tier, options, keyring_from_env(env), trust)
 
     @property
     def local_dir(self) -> str:
@@ -219,12 +228,24 @@ class Settings:
         """The configured store: the remote one behind a local tier when one is set, signing
         and judging records with the configured keys. A remote store opens on first use (a
         ``LazyStore``: each use waits at most its ``open_timeout``), so that the local tier
-        answers without waiting for the remote client."""
+        answers without waiting for the remote client; an object store is written only once
+        the conformance probe found it honest (``plancache.backends.guarded``; verdicts
+        cached under ``local_dir``)."""
         store: PlanStore
         if is_remote(self.url):
-            from plancache.backends.lazy import open_lazily
+            from plancache.backends.guarded import open_guarded
+            from plancache.backends.lazy import LazyStore
 
-            store = open_lazily(self.url, **self.storage_options)
+            store = LazyStore(
+                self.url,
+                functools.partial(
+                    open_guarded,
+                    self.url,
+                    self.storage_options,
+                    self.local_dir,
+                    trust=self.trust_preconditions,
+                ),
+            )
         else:
             store = open_store(self.url, **self.storage_options)
         if self.local_tier is not None or self.read_only:

@@ -16,6 +16,7 @@ there never delays the exit of the process.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import os
@@ -26,7 +27,7 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
 from fsspec.asyn import sync
@@ -55,6 +56,8 @@ ERROR_BODY_LIMIT = 8 * 1024
 """Bytes of an error response read at most (its code and message fit in far less)."""
 BODY_LIMIT = 1 << 20
 """Bytes of any other buffered response (a listing page, a write's answer) read at most."""
+PROBE_PREFIX = ".plancache-probe"
+"""Where under a store's prefix the conformance probe writes (``plancache.probe``)."""
 
 
 class ResponseTooLargeError(Exception):
@@ -232,6 +235,19 @@ class ObjectStore(PlanStore):
     def _key(self, fp: str) -> str:
         """The object key of the plan under ``fp``."""
         return f"{self.prefix}/{object_name(fp)}" if self.prefix else object_name(fp)
+
+    def probe_store(self) -> Self:
+        """This store on the same client, under ``{prefix}/.plancache-probe``: where the
+        conformance probe writes (plan listings, which stop at ``/``, never see it). Closing
+        the original closes it."""
+        other = copy.copy(self)
+        other.prefix = f"{self.prefix}/{PROBE_PREFIX}" if self.prefix else PROBE_PREFIX
+        return other
+
+    @abstractmethod
+    def endpoint(self) -> str:
+        """The endpoint URL the client sends requests to (may open the client; sends no
+        request)."""
 
     @property
     def _list_prefix(self) -> str:

@@ -155,6 +155,9 @@ class GCSStore(ObjectStore):
             await asyncio.sleep(0.05)
         raise AssertionError("unreachable")
 
+    def endpoint(self) -> str:
+        return str(self.fs.base)[: -len("storage/v1/")].rstrip("/")
+
     # -- primitives ----------------------------------------------------------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         async def get() -> tuple[bytes, object] | None:

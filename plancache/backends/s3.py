@@ -154,6 +154,12 @@ class S3Store(ObjectStore):
         given = any(k in (fs.client_kwargs or {}) for k in _GIVEN_CREDENTIALS)
         return bool(fs.anon or fs.key or fs.secret or fs.token or given)
 
+    def endpoint(self) -> str:
+        async def resolve() -> str:
+            return str((await self._client()).meta.endpoint_url)
+
+        return self._run("open", resolve)
+
     # -- primitives ----------------------------------------------------------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         async def get() -> tuple[bytes, object] | None:

@@ -2,7 +2,9 @@
 
 Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
 caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
-local tier. Writes: remote first (skipped in read-only mode), then local. The local tier is a cache:
+local tier. Writes: remote first (skipped in read-only mode, and where the remote refuses
+writes with ``PlanStoreReadOnlyError``, e.g. a store found to ignore preconditions), then
+local. The local tier is a cache:
 its failures are logged and never fail a read or write that the remote served. The keyring
 (``use_keyring``) applies to both tiers: a local record without a valid signature is not
 applied, it is logged and the remote is read instead.
@@ -103,6 +105,10 @@ class TieredStore(PlanStore):
             return self.local.put_merged(plan)
         try:
             outcome, stored = self.remote.put_merged(plan)
+        except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+            if self.local is None:
+                raise
+            return self.local.put_merged(plan)
         except PlanStoreError:
             if self.local is not None:
                 self._put_local(plan)
@@ -114,19 +120,32 @@ class TieredStore(PlanStore):
     def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
         """Rewrite the remote's record (not in read-only mode), then the local tier's; the
         remote's result, or in read-only mode the local tier's."""
-        result = None if self.read_only else self.remote.rewrite(fp, change)
+        read_only, result = self.read_only, None
+        if not read_only:
+            try:
+                result = self.remote.rewrite(fp, change)
+            except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+                if self.local is None:
+                    raise
+                read_only = True
         if self.local is not None:
             try:
                 local = self.local.rewrite(fp, change)
             except (InvalidPlanError, PlanStoreError) as exc:
                 log.warning("plancache: local tier %s: %s", self.local.url, exc)
             else:
-                result = local if self.read_only else result
+                result = local if read_only else result
         return result
 
     def delete(self, fp: str) -> bool:
         """Remove from the remote (not in read-only mode) and from the local tier."""
-        removed = False if self.read_only else self.remote.delete(fp)
+        removed = False
+        if not self.read_only:
+            try:
+                removed = self.remote.delete(fp)
+            except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+                if self.local is None:
+                    raise
         if self.local is not None:
             try:
                 removed = self.local.delete(fp) or removed

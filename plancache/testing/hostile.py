@@ -6,7 +6,11 @@
 - ``FixedResponseServer``: one status, headers and body for every request (HTTP 500, 403, ...);
 - ``SilentServer``: accepts TCP connections and never answers;
 - ``EchoingServer``: answers every request with an S3 or GCS error that echoes the
-  credentials the request carried.
+  credentials the request carried;
+- ``LyingProxy``: a proxy that strips the preconditions of conditional writes (S3's
+  ``If-None-Match``/``If-Match``, GCS's ``ifGenerationMatch``): a store that ignores them;
+- ``FaultyProxy``: a proxy that answers the requests a function picks with one status itself
+  (403 on writes: read-only credentials; 503 on some: a flaky store).
 
 Each has ``start``/``stop``, is a context manager and serves from a daemon thread. A port
 nothing listens on is ``servers.closed_port()``.
@@ -19,11 +23,12 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit
 from xml.sax.saxutils import escape
 
-from plancache.testing.servers import HOST, Body, _Handler, _HTTPService, _Server
+from plancache.testing.servers import HOST, Body, CountingProxy, _Handler, _HTTPService, _Server
 
 Reply = tuple[int, Mapping[str, str], Body]
 """A response: ``(status, headers, body)``."""
@@ -130,12 +135,75 @@ class SilentServer(_Server):
         self._sock.close()
 
 
+PRECONDITION_HEADERS = frozenset({"if-none-match", "if-match"})
+PRECONDITION_PARAMS = frozenset({"ifGenerationMatch"})
+WRITES = frozenset({"PUT", "POST", "DELETE", "PATCH"})
+
+
+class LyingProxy(CountingProxy):
+    """Forwards every request without its write preconditions (by default the headers
+    ``PRECONDITION_HEADERS`` and query parameters ``PRECONDITION_PARAMS``; ``strip`` names
+    those to drop, headers in lower case): in front of an honest store, a store that accepts
+    conditional writes unconditionally and overwrites."""
+
+    def __init__(
+        self, upstream: str, strip: Collection[str] = PRECONDITION_HEADERS | PRECONDITION_PARAMS
+    ) -> None:
+        super().__init__(upstream)
+        self.strip = frozenset(strip)
+
+    def outgoing(self, path: str, headers: dict[str, str]) -> str:
+        for name in [k for k in headers if k.lower() in self.strip]:
+            del headers[name]
+        parts = urlsplit(path)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        kept = [(k, v) for k, v in query if k not in self.strip]
+        if kept == query:
+            return path
+        return parts.path + (f"?{urlencode(kept)}" if kept else "")
+
+
+Fails = Callable[[int, str, str], bool]
+"""``fails(n, method, path)``: whether a ``FaultyProxy`` answers request number ``n`` (from
+0, in order of arrival) itself."""
+
+
+class FaultyProxy(CountingProxy):
+    """Forwards requests like ``CountingProxy``, except those ``fails`` picks, which it
+    answers with ``status`` (an S3-style XML error body) without forwarding them."""
+
+    def __init__(self, upstream: str, status: int, fails: Fails) -> None:
+        super().__init__(upstream)
+        self.status = status
+        self.fails = fails
+        self._count = itertools.count()
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        if self.fails(next(self._count), h.command, h.path):
+            error = b"<Error><Code>Injected</Code><Message>injected fault</Message></Error>"
+            h.reply(self.status, {"Content-Type": "application/xml"}, error)
+        else:
+            super().handle(h, body)
+
+
+def writes(n: int, method: str, path: str) -> bool:
+    """``Fails``: every write (what read-only credentials get: 403)."""
+    return method in WRITES
+
+
 __all__ = [
+    "PRECONDITION_HEADERS",
+    "PRECONDITION_PARAMS",
+    "WRITES",
     "EchoingServer",
+    "Fails",
+    "FaultyProxy",
     "FixedResponseServer",
+    "LyingProxy",
     "Reply",
     "Respond",
     "ScriptedServer",
     "SilentServer",
     "endless",
+    "writes",
 ]

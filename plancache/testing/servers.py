@@ -340,13 +340,19 @@ class CountingProxy(_HTTPService):
         self.upstream = upstream.removeprefix("http://")
         self.delay_s = delay_s
 
+    def outgoing(self, path: str, headers: dict[str, str]) -> str:
+        """The path to forward a request to, given its path and headers (``headers`` may be
+        changed in place); subclasses change what goes upstream here."""
+        return path
+
     def handle(self, h: _Handler, body: bytes) -> None:
         time.sleep(self.delay_s)
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
             headers["Content-Length"] = str(len(body))
-            conn.request(h.command, h.path, body=body or None, headers=headers)
+            path = self.outgoing(h.path, headers)
+            conn.request(h.command, path, body=body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
             out = dict(resp.getheaders())
