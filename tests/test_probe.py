@@ -146,6 +146,7 @@ def test_seaweedfs_passes() -> None:
         store = open_store(  # a loaded machine slows SeaweedFS past the default 1 s reads
             "s3://plancache-probe-test/plans", endpoint_url=proxy.endpoint, read_timeout=5
         )
+        assert isinstance(store, ObjectStore)
         for _ in range(3):
             result = probe(store.probe_store())
             assert result.verdict is Verdict.HONEST, result
