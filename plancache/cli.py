@@ -37,6 +37,7 @@ from plancache.commands import (
 from plancache.config import parse_seconds, parse_storage_options
 from plancache.defaults import MAX_SECONDS
 from plancache.display import echo
+from plancache.doctor import cmd_doctor
 from plancache.errors import ConfigError, PlanStoreError
 from plancache.redaction import scrub, secret_values
 
@@ -69,6 +70,9 @@ _COMMAND_HELP = {
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
     "stats": "plan count, bytes, oldest and newest plan, devices seen",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
+    "doctor": "check a store (reachability, credentials, permissions, whether it honours "
+    "conditional writes, clock skew) and this node (signing, local directories, vLLM); "
+    "exit 1 if anything is found",
 }
 _SORT_HELP = "age: newest first; kv, baseline: largest first; device, fp: A-Z (default: age)"
 
@@ -189,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     url(p := command("stats", cmd_stats))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    url(p := command("doctor", cmd_doctor))
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = command("fingerprint", cmd_fingerprint)

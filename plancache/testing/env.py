@@ -19,6 +19,7 @@ SETTINGS_VARS = (
     "PLANCACHE_SIGNING_KEY_FILE",
     "PLANCACHE_VERIFY_KEYS",
     "PLANCACHE_VERIFY_KEYS_FILE",
+    "PLANCACHE_TRUST_PRECONDITIONS",
     "VLLM_ENABLE_STARTUP_PLAN",
 )
 """Variables that change what plancache does; a child inherits none of them from the test."""

@@ -1,0 +1,112 @@
+"""``plancache doctor``: run for real against honest, lying, write-denied and flaky stores
+on 127.0.0.1, and on a local store; exit 0 all good, 1 findings, 2 could not run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache.backends.guarded import VERDICTS_DIR
+from plancache.testing import child_env
+from plancache.testing.hostile import FaultyProxy, LyingProxy, SilentServer, writes
+from plancache.testing.servers import CountingProxy
+from tests.cli.helpers import RemoteSpec, run
+
+
+def doctor(
+    spec: RemoteSpec, endpoint: str, tmp_path: Path, code: int, **env: str
+) -> dict[str, Any]:
+    """``plancache doctor URL --json`` with the store behind ``endpoint``; must exit ``code``."""
+    url, options = spec
+    options = {**options, "endpoint_url": endpoint}
+    environment = child_env(VLLM_CACHE_ROOT=str(tmp_path / "root"), **env)
+    result = run("doctor", url, "--json", "--storage-options", json.dumps(options), env=environment)
+    assert result.returncode == code, (result.stdout, result.stderr)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def status(report: dict[str, Any], check: str) -> tuple[str, str]:
+    row = next(c for c in report["checks"] if c["check"] == check)
+    return row["status"], row["detail"]
+
+
+def test_an_honest_store_is_all_good(remote: RemoteSpec, tmp_path: Path) -> None:
+    with CountingProxy(remote[1]["endpoint_url"]) as proxy:
+        report = doctor(remote, proxy.endpoint, tmp_path, 0)
+    assert report["findings"] == 0
+    assert status(report, "verdict")[0] == "ok"
+    assert status(report, "verdict")[1].startswith("honest")
+    for check in ("read", "list", "write", "delete", "clock", "cas-wrong-version"):
+        assert status(report, check)[0] == "ok", check
+    assert "p50" in status(report, "read")[1]
+    assert status(report, "credentials")[0] == "info"
+    assert status(report, "version")[0] == "info"  # no vLLM here: shown, not a finding
+    assert len(list((tmp_path / "root" / "startup_plan" / VERDICTS_DIR).iterdir())) == 1
+
+
+def test_a_lying_store_is_a_finding_naming_the_step(remote: RemoteSpec, tmp_path: Path) -> None:
+    with LyingProxy(remote[1]["endpoint_url"]) as proxy:
+        report = doctor(remote, proxy.endpoint, tmp_path, 1)
+    assert status(report, "create-existing")[0] == "finding"
+    assert status(report, "verdict")[0] == "finding"
+    assert status(report, "verdict")[1].startswith("lies")
+    assert status(report, "concurrent-create")[0] == "info"  # not run after the lie
+
+
+def test_write_denied_is_a_finding_unless_read_only_is_meant(
+    remote: RemoteSpec, tmp_path: Path
+) -> None:
+    with FaultyProxy(remote[1]["endpoint_url"], 403, writes) as proxy:
+        report = doctor(remote, proxy.endpoint, tmp_path, 1)
+        assert status(report, "write")[0] == "finding"
+        assert status(report, "verdict")[1].startswith("read-only")
+        replica = doctor(remote, proxy.endpoint, tmp_path, 0, PLANCACHE_READ_ONLY="1")
+        assert status(replica, "write")[0] == "info"
+
+
+def test_a_flaky_store_gives_no_verdict(remote: RemoteSpec, tmp_path: Path) -> None:
+    flaky = FaultyProxy(remote[1]["endpoint_url"], 503, lambda n, m, p: m in ("PUT", "POST"))
+    with flaky as proxy:
+        report = doctor(remote, proxy.endpoint, tmp_path, 1)
+    assert status(report, "read")[0] == "ok"
+    assert status(report, "verdict")[1].startswith("unknown")
+    assert not (tmp_path / "root" / "startup_plan" / VERDICTS_DIR).exists()
+
+
+def test_node_checks_on_a_local_store(tmp_path: Path) -> None:
+    env = child_env(VLLM_CACHE_ROOT=str(tmp_path), PLANCACHE_COMPILE_CACHE="1")
+    store = tmp_path / "plans"
+    store.mkdir(mode=0o700)
+    result = run("doctor", str(store), env=env)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "atomic by construction" in result.stdout
+    assert "0 findings" in result.stdout
+    filtered = run("doctor", str(store), "--json", env={**env, "VLLM_PLUGINS": "other"})
+    assert filtered.returncode == 1
+    assert status(json.loads(filtered.stdout), "VLLM_PLUGINS")[0] == "finding"
+    assert status(json.loads(filtered.stdout), "PLANCACHE_COMPILE_CACHE")[1] == "1"
+
+
+def test_no_secret_in_the_report(s3_spec: RemoteSpec, tmp_path: Path) -> None:
+    url, options = s3_spec
+    secret = "sekrit-VALUE-0123456789"
+    spec = (url, {**options, "key": "AKIAEXAMPLEKEYID9876", "secret": secret})
+    with CountingProxy(options["endpoint_url"]) as proxy:
+        report = doctor(spec, proxy.endpoint, tmp_path, 0)
+    text = json.dumps(report)
+    assert secret not in text and "AKIAEXAMPLEKEYID9876" not in text
+    assert status(report, "credentials")[1] == "storage options (key and secret)"
+
+
+@pytest.mark.parametrize("env", [{"PLANCACHE_TIMEOUT": "never"}, {}])
+def test_could_not_run_exits_2(env: dict[str, str], tmp_path: Path) -> None:
+    with SilentServer() as silent:
+        options = json.dumps({"endpoint_url": silent.endpoint})
+        args = ["doctor", "s3://bucket/p", "--storage-options", options, "--timeout", "2"]
+        result = run(*args, env=child_env(VLLM_CACHE_ROOT=str(tmp_path), **env))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "plancache: error:" in result.stderr and "Traceback" not in result.stderr
