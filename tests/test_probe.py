@@ -4,8 +4,10 @@ fake-gcs-server and SeaweedFS; the same behind proxies that strip write precondi
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -13,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from plancache import PlanCache
+from plancache import PlanCache, PutOutcome
 from plancache.backends import open_store
 from plancache.backends._remote import PROBE_PREFIX, ObjectStore
-from plancache.backends.guarded import VERDICTS_DIR
+from plancache.backends.guarded import VERDICTS_DIR, GuardedStore, VerdictCache
 from plancache.config import Settings
-from plancache.probe import CHECK_REQUESTS, STEPS, Verdict, probe
-from plancache.testing import FACTORS, GiB
+from plancache.errors import PlanStoreUnavailableError
+from plancache.probe import CHECK_REQUESTS, STEPS, ProbeResult, Verdict, probe
+from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import FaultyProxy, LyingProxy, writes
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3, weed_binary
 
@@ -241,3 +244,36 @@ def test_read_only_credentials_write_the_local_tier_only(
         assert len(_writes(proxy)) == 1  # the probe's one denied create
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not (tmp_path / "tier" / VERDICTS_DIR).exists()  # kept in memory only
+
+
+def test_no_verdict_is_retried_at_a_later_write(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """503 on the first request and its retry: no verdict, nothing written, nothing cached;
+    a write after ``retry_s`` probes again and, the store now answering, writes."""
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
+        guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=0.2)
+        with pytest.raises(PlanStoreUnavailableError, match="no verdict"):
+            guarded.put(make_plan())
+        assert list(tmp_path.iterdir()) == []
+        time.sleep(0.3)
+        assert guarded.put(make_plan()) is PutOutcome.CREATED
+        assert guarded.verdict().verdict is Verdict.HONEST
+        assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_cached_verdicts_expire_and_bad_files_are_no_verdict(tmp_path: Path) -> None:
+    cache = VerdictCache(tmp_path, ttl=60)
+    lies = ProbeResult(Verdict.LIES, "create-existing", "a create of an existing key succeeded")
+    cache.save("s3://b/p\nhttp://e", "s3://b/p", lies)
+    found = cache.load("s3://b/p\nhttp://e")
+    assert found is not None and found[0].verdict is Verdict.LIES and found[0].step == lies.step
+    assert cache.load("s3://b/p\nhttp://other") is None  # another endpoint: another store
+    (path,) = tmp_path.iterdir()
+    record = json.loads(path.read_bytes())
+    path.write_text(json.dumps({**record, "at": time.time() - 61}))
+    assert cache.load("s3://b/p\nhttp://e") is None  # expired
+    path.write_text(json.dumps({**record, "at": time.time() + 3600}))
+    assert cache.load("s3://b/p\nhttp://e") is None  # from the future
+    path.write_text("{not json")
+    assert cache.load("s3://b/p\nhttp://e") is None
