@@ -48,7 +48,10 @@ WRITES = {"PUT", "POST", "DELETE", "PATCH"}
 def seaweed_server() -> Iterator[Spec]:
     with SeaweedS3() as server:
         server.create_bucket("plancache-bench")
-        yield "s3://plancache-bench", {"endpoint_url": server.endpoint, "read_timeout": 5}
+        yield (
+            "s3://plancache-bench",
+            {"endpoint_url": server.endpoint, "read_timeout": 5, "timeout": 10},
+        )
 
 
 def honest_runs(spec: Spec, runs: int) -> dict[str, Any]:

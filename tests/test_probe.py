@@ -147,7 +147,10 @@ def test_seaweedfs_passes() -> None:
     with SeaweedS3() as seaweed, CountingProxy(seaweed.endpoint) as proxy:
         seaweed.create_bucket("plancache-probe-test")
         store = open_store(  # a loaded machine slows SeaweedFS past the default 1 s reads
-            "s3://plancache-probe-test/plans", endpoint_url=proxy.endpoint, read_timeout=5
+            "s3://plancache-probe-test/plans",
+            endpoint_url=proxy.endpoint,
+            read_timeout=5,
+            timeout=10,
         )
         assert isinstance(store, ObjectStore)
         for _ in range(3):

@@ -164,7 +164,37 @@ def _fake_gcs_binary() -> Path:
     return Path(wrapper._get_binary_path())
 
 
-class FakeGCS(_Server):
+class _Child(_Server):
+    """A server in a child process ``_proc``, answering HTTP at ``endpoint``."""
+
+    _proc: subprocess.Popen[bytes]
+
+    def _await(self, name: str, path: str, seconds: float, interval: float, log: str) -> None:
+        """Return once a GET of ``path`` succeeds; stop and raise if the child exits (its
+        output is in ``log``) or ``seconds`` pass first."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: see {log}")
+            try:
+                _request(self.endpoint, "GET", path)
+                return
+            except OSError:
+                time.sleep(interval)
+        self.stop()
+        raise RuntimeError(f"{name} did not start within {seconds:g} s")
+
+    def _terminate(self, seconds: float) -> None:
+        """Terminate the child; kill it if it has not exited after ``seconds``."""
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class FakeGCS(_Child):
     """The fake-gcs-server binary, in-memory backend, its stderr in a temp file."""
 
     def start(self) -> None:
@@ -180,25 +210,10 @@ class FakeGCS(_Server):
             stderr=fd,
         )
         os.close(fd)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited: see {self._log_path}")
-            try:
-                _request(self.endpoint, "GET", "/storage/v1/b")
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("fake-gcs-server did not start within 15 s")
+        self._await("fake-gcs-server", "/storage/v1/b", 15, 0.05, self._log_path)
 
     def stop(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        self._terminate(5)
         os.unlink(self._log_path)
 
     def create_bucket(self, name: str) -> None:
@@ -216,7 +231,7 @@ def weed_binary() -> str | None:
     return shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
 
 
-class SeaweedS3(_Server):
+class SeaweedS3(_Child):
     """SeaweedFS (master, volume, filer and S3 gateway in one ``weed server`` process), every
     port a free one on 127.0.0.1, data in a temp directory removed on ``stop``; no
     credentials are checked (it gets no ``AWS_*`` variables, which would turn checks on).
@@ -242,25 +257,11 @@ class SeaweedS3(_Server):
             self._proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"weed exited: see {self._dir}/weed.log")
-            try:
-                _request(self.endpoint, "GET", "/")  # lists buckets once the filer is up
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("SeaweedFS did not start within 60 s")
+        # "/" lists buckets once the filer is up
+        self._await("SeaweedFS", "/", 60, 0.2, os.path.join(self._dir, "weed.log"))
 
     def stop(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        self._terminate(10)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def create_bucket(self, name: str) -> None:
