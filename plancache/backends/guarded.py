@@ -145,6 +145,10 @@ class GuardedStore(PlanStore):
     def url(self) -> str:
         return self.store.url
 
+    @property
+    def atomic(self) -> bool:  # type: ignore[override]
+        return self.store.atomic
+
     def __repr__(self) -> str:
         return f"GuardedStore({self.store!r})"
 
