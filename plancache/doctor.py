@@ -109,7 +109,9 @@ class _Doctor:
     def remote(self, store: ObjectStore) -> None:
         if not self.attempt("store", "endpoint", lambda: without_userinfo(store.endpoint())):
             return
-        self.add("store", "credentials", "info", credential_source(store))
+        # not scrubbed again: gcsfs's method "anon" is also the ``token`` option's value
+        source = credential_source(store, self.secrets)
+        self.checks.append(Check("store", "credentials", "info", source))
         missing = secrets.token_hex(32)
         times: list[float] = []
 
@@ -226,8 +228,10 @@ class _Doctor:
         self.add("vllm", "PLANCACHE_COMPILE_CACHE", "info", compile_cache or "unset")
 
 
-def credential_source(store: ObjectStore) -> str:
-    """Where the store's credentials came from, without any secret."""
+def credential_source(store: ObjectStore, secrets_: list[str]) -> str:
+    """Where the store's credentials came from: the client's name for its method (``anon``,
+    ``env``, ``shared-credentials-file``, ...), never a secret (``secrets_`` are masked in an
+    error)."""
     fs: Any = store.fs
     if store.scheme in ("gs", "gcs"):
         method = getattr(getattr(fs, "credentials", None), "method", None)
@@ -247,7 +251,7 @@ def credential_source(store: ObjectStore) -> str:
     try:
         return str(store._run("credentials", resolve))
     except PlanStoreError as exc:
-        return f"not resolved: {exc}"
+        return scrub(f"not resolved: {exc}", secrets_)
 
 
 def directory(path: Path) -> tuple[Status, str]:
