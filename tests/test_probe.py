@@ -202,6 +202,7 @@ def test_nothing_is_written_to_a_lying_store_after_its_verdict(
         assert decision.hit and decision.kv_cache_memory_bytes == 5 * GiB  # local tier
         assert cache.retract(decision.fingerprint or "", decision.observation)  # type: ignore[arg-type]
         assert _writes(proxy) == []
+        assert not cache.lookup(FACTORS, current_free_memory=50 * GiB).hit  # tombstone: local
         # another process on this node: the verdict cached on disk, no probe, no write
         proxy.reset()
         again = _cache(url, proxy.endpoint, options, tier, timeout=10)
