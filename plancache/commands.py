@@ -17,6 +17,7 @@ its keys. It returns the exit status (0 ok, 1 findings) and raises on any failur
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +28,8 @@ import orjson
 
 from plancache import inventory
 from plancache.backends import open_store
-from plancache.backends.lazy import open_lazily
+from plancache.backends.guarded import open_guarded
+from plancache.backends.lazy import LazyStore
 from plancache.backends.local import LocalStore
 from plancache.config import (
     Settings,
@@ -73,8 +75,10 @@ def _open(
     """Open ``url`` (default: ``PLANCACHE_URL``) with ``options`` (the JSON given to ``flag``),
     else ``--storage-options`` (unless ``shared_for_local`` is False and the store is local),
     else, for a remote store, those of the environment; appended to ``args.opened``, which the
-    caller closes. A remote store opens on first use (``open_lazily``). A local store that
-    must exist but does not is an error."""
+    caller closes. A remote store opens on first use (``LazyStore``), and an object store
+    is written only once the conformance probe found it honest (``open_guarded``: a write to
+    one that ignores preconditions raises, unless ``PLANCACHE_TRUST_PRECONDITIONS=1``). A
+    local store that must exist but does not is an error."""
     settings = Settings.from_env() if url is None else None
     url = settings.url if settings is not None else url
     assert url is not None
@@ -85,8 +89,15 @@ def _open(
         storage_options = parse_storage_options(options, flag)
     elif is_remote(url):
         storage_options = dict((settings or Settings.from_env()).storage_options)
-    opener = open_lazily if is_remote(url) else open_store
-    store = opener(url, **storage_options)
+    store: PlanStore
+    if is_remote(url):
+        env = settings or Settings.from_env()
+        guarded = functools.partial(
+            open_guarded, url, storage_options, env.local_dir, trust=env.trust_preconditions
+        )
+        store = LazyStore(url, guarded)
+    else:
+        store = open_store(url, **storage_options)
     args.opened.append(store)
     store.use_keyring(_keyring(args))
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():

@@ -13,7 +13,7 @@ from plancache.backends.guarded import VERDICTS_DIR
 from plancache.testing import child_env
 from plancache.testing.hostile import FaultyProxy, LyingProxy, SilentServer, writes
 from plancache.testing.servers import CountingProxy
-from tests.cli.helpers import RemoteSpec, run
+from tests.cli.helpers import LocalFixture, RemoteSpec, run
 
 
 def doctor(
@@ -110,3 +110,27 @@ def test_could_not_run_exits_2(env: dict[str, str], tmp_path: Path) -> None:
         result = run(*args, env=child_env(VLLM_CACHE_ROOT=str(tmp_path), **env))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "plancache: error:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_commands_never_write_through_a_lying_store(
+    remote: RemoteSpec, store: LocalFixture, tmp_path: Path
+) -> None:
+    """``cp`` into a lying store stops at its first write with one error line, having
+    written no plan; reading commands never probe; the setting writes anyway."""
+    root, plans, _ = store
+    url, options = remote
+    env = child_env(VLLM_CACHE_ROOT=str(tmp_path))
+    with LyingProxy(options["endpoint_url"]) as proxy:
+        lying = json.dumps({**options, "endpoint_url": proxy.endpoint})
+        cp = run("cp", str(root), url, "--dst-storage-options", lying, env=env)
+        assert cp.returncode == 2, (cp.stdout, cp.stderr)
+        assert "ignores write preconditions (create-existing" in cp.stderr
+        proxy.reset()
+        listed = run("ls", url, "--storage-options", lying, env=env)
+        assert listed.returncode == 0 and "0 plans" in listed.stdout, listed.stdout
+        assert all(method == "GET" for method, _ in proxy.requests)
+        trusting = {**env, "PLANCACHE_TRUST_PRECONDITIONS": "1"}
+        cp = run("cp", str(root), url, "--dst-storage-options", lying, env=trusting)
+        assert cp.returncode == 0, cp.stderr
+        assert "PLANCACHE_TRUST_PRECONDITIONS=1" in cp.stderr
+        assert f"{len(plans)} plans" in run("ls", url, "--storage-options", lying, env=env).stdout
