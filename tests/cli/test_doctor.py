@@ -21,7 +21,8 @@ def doctor(
 ) -> dict[str, Any]:
     """``plancache doctor URL --json`` with the store behind ``endpoint``; must exit ``code``."""
     url, options = spec
-    options = {**options, "endpoint_url": endpoint}
+    # bounds a machine loaded by parallel test runs stays within (defaults: 1 s reads)
+    options = {"read_timeout": 5, "timeout": 10, **options, "endpoint_url": endpoint}
     environment = child_env(VLLM_CACHE_ROOT=str(tmp_path / "root"), **env)
     result = run("doctor", url, "--json", "--storage-options", json.dumps(options), env=environment)
     assert result.returncode == code, (result.stdout, result.stderr)
