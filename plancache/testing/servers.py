@@ -16,6 +16,7 @@ importing this module costs only the standard library.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 import os
@@ -128,12 +129,36 @@ class _Server:
         self.stop()
 
 
+def _serialize_moto_puts() -> None:
+    """Make moto's ``PutObject`` handler hold one lock (once per process). moto (5.2.5) checks
+    a put's ``If-None-Match``/``If-Match`` and then stores the object with nothing in between
+    holding other requests off, so two concurrent conditional creates can both succeed: the
+    conformance probe found it in 9 of 450 runs on a loaded machine. Locked, it is the honest
+    S3 the tests need."""
+    from moto.s3.responses import S3Response
+
+    original = S3Response.put_object
+    if getattr(original, "serialized", False):
+        return
+    lock = threading.Lock()
+
+    @functools.wraps(original)
+    def put_object(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    put_object.serialized = True  # type: ignore[attr-defined]
+    S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
 class MotoS3(_Server):
-    """moto's S3 server in a thread of this process."""
+    """moto's S3 server in a thread of this process, its conditional puts made atomic
+    (``_serialize_moto_puts``)."""
 
     def start(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        _serialize_moto_puts()
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
         self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
         self._server.start()
