@@ -286,7 +286,7 @@ class SeaweedS3(_Child):
         self._await("SeaweedFS", "/", 60, 0.2, os.path.join(self._dir, "weed.log"))
 
     def stop(self) -> None:
-        self._terminate(10)
+        self._terminate(0.5)  # weed may take minutes over SIGTERM; its data is thrown away
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def create_bucket(self, name: str) -> None:
