@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from plancache import background
 from plancache.fingerprint import validate_key
 from plancache.observation import Observation
 from plancache.reasons import Reason
@@ -82,7 +84,9 @@ _distrusted = threading.Event()
 """Set once the warning about marks that other users could write was logged."""
 
 
+@functools.cache
 def _boot_id() -> str | None:
+    """The kernel's boot id (read once: it holds for the process's life), or None."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip() or None
@@ -436,7 +440,7 @@ class Breaker:
     def _create(self, name: str, data: bytes) -> int:
         """Create ``name`` (0600, never following or replacing an entry), lock it, then write
         ``data``: a reader that sees the content knows that the lock was taken. Returns the
-        descriptor that holds the lock; the fsync runs in a daemon thread."""
+        descriptor that holds the lock; the fsync runs on a daemon thread."""
         with self._opened(create=True) as dir_fd:
             assert dir_fd is not None
             fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
@@ -444,9 +448,7 @@ class Breaker:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.write(fd, data)
                 path = self.directory / name
-                threading.Thread(
-                    target=_sync, args=(path,), name="plancache-mark", daemon=True
-                ).start()
+                background.start(lambda: _sync(path), "plancache-mark")
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dir_fd)
