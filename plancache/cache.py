@@ -35,13 +35,13 @@ from plancache.plan import Plan
 from plancache.reasons import Reason, RecordReason
 from plancache.redaction import scrub
 from plancache.store import PlanStore, PutOutcome
+from plancache.units import gib_text as _gib
 
 if TYPE_CHECKING:
     from plancache.config import Settings
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
-GiB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -340,12 +340,6 @@ class PendingLookup:
 
 def _short(fp: str | None) -> str:
     return fp[:12] if fp else "-"
-
-
-def _gib(value: object) -> str:
-    if type(value) is int and abs(value) < 2**63:
-        return f"{value / GiB:.2f}GiB"
-    return f"{value!r:.40}"
 
 
 def _budget_detail(plan: Plan, current_free_memory: object, budget: Budget | None) -> str:

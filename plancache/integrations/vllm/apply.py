@@ -44,6 +44,7 @@ from plancache.integrations.vllm.factors import (
 )
 from plancache.integrations.vllm.worker import WorkerLike, memory_figures
 from plancache.observation import Observation
+from plancache.units import gib_text
 
 if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
     from plancache.breaker import Breaker, Mark
@@ -53,7 +54,6 @@ log = logging.getLogger("plancache.vllm")
 
 STATE_ATTR = "_plancache_boot"
 """The worker attribute that holds its ``Boot``."""
-_GiB = float(1 << 30)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -384,12 +384,12 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
         worker.cache_config.kv_cache_memory_bytes = kv
         boot.mode = BootMode.APPLIED
         log.info(
-            "plancache: rank %s applies plan fp=%s: kv_cache_memory_bytes=%s (%.2f GiB), "
+            "plancache: rank %s applies plan fp=%s: kv_cache_memory_bytes=%s (%s), "
             "memory profiling skipped%s",
             rank,
             fp,
             kv,
-            (kv or 0) / _GiB,
+            gib_text(kv),
             agreement,
         )
     else:

@@ -18,8 +18,6 @@ from plancache.fingerprint import Scalar
 from plancache.integrations.vllm.worker import WorkerLike
 from plancache.plan import MAX_LABEL_TEXT
 
-ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-"""torch's caching-allocator settings (expandable segments, split sizes): fragmentation."""
 MEMORY_ENVS = (
     "VLLM_USE_NCCL_SYMM_MEM",
     "VLLM_ALLREDUCE_USE_SYMM_MEM",
