@@ -55,12 +55,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from plancache import background
+from plancache.backends.local import LocalStore
 from plancache.fingerprint import validate_key
 from plancache.observation import Observation
 from plancache.reasons import Reason
 
 if TYPE_CHECKING:
     from plancache.config import Settings
+    from plancache.store import PlanStore
 
 log = logging.getLogger("plancache")
 
@@ -212,6 +214,13 @@ class Breaker:
     def for_dir(cls, local_dir: str | os.PathLike[str]) -> Breaker:
         """The breaker whose marks live in ``<local_dir>/marks``."""
         return cls(Path(local_dir) / MARKS_DIR)
+
+    @classmethod
+    def beside(cls, store: PlanStore) -> Breaker | None:
+        """The breaker whose marks live beside ``store``'s plans: a local store's (its
+        directory is a node's local directory); None for any other store (a node's marks are
+        in its own local directory)."""
+        return cls.for_dir(store.root) if isinstance(store, LocalStore) else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Breaker:
