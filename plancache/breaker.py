@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -53,12 +54,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from plancache import background
+from plancache.backends.local import LocalStore
 from plancache.fingerprint import validate_key
 from plancache.observation import Observation
 from plancache.reasons import Reason
 
 if TYPE_CHECKING:
     from plancache.config import Settings
+    from plancache.store import PlanStore
 
 log = logging.getLogger("plancache")
 
@@ -82,7 +86,9 @@ _distrusted = threading.Event()
 """Set once the warning about marks that other users could write was logged."""
 
 
+@functools.cache
 def _boot_id() -> str | None:
+    """The kernel's boot id (read once: it holds for the process's life), or None."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip() or None
@@ -208,6 +214,13 @@ class Breaker:
     def for_dir(cls, local_dir: str | os.PathLike[str]) -> Breaker:
         """The breaker whose marks live in ``<local_dir>/marks``."""
         return cls(Path(local_dir) / MARKS_DIR)
+
+    @classmethod
+    def beside(cls, store: PlanStore) -> Breaker | None:
+        """The breaker whose marks live beside ``store``'s plans: a local store's (its
+        directory is a node's local directory); None for any other store (a node's marks are
+        in its own local directory)."""
+        return cls.for_dir(store.root) if isinstance(store, LocalStore) else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Breaker:
@@ -436,7 +449,7 @@ class Breaker:
     def _create(self, name: str, data: bytes) -> int:
         """Create ``name`` (0600, never following or replacing an entry), lock it, then write
         ``data``: a reader that sees the content knows that the lock was taken. Returns the
-        descriptor that holds the lock; the fsync runs in a daemon thread."""
+        descriptor that holds the lock; the fsync runs on a daemon thread."""
         with self._opened(create=True) as dir_fd:
             assert dir_fd is not None
             fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
@@ -444,9 +457,7 @@ class Breaker:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.write(fd, data)
                 path = self.directory / name
-                threading.Thread(
-                    target=_sync, args=(path,), name="plancache-mark", daemon=True
-                ).start()
+                background.start(lambda: _sync(path), "plancache-mark")
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dir_fd)

@@ -1,11 +1,12 @@
 """``PlanCache``: bounded, fail-open lookup and record of plans on a boot path.
 
 Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the time budget
-(default 2 s) plus thread start-up: store I/O runs in a daemon thread that the caller stops
-waiting for at the deadline. Past it, or on any doubt, the answer is a miss and the boot
-profiles as usual. Every decision is logged on ``logging.getLogger("plancache")``.
-Signatures are the store's (``PlanStore.keyring``): where it holds keys, a record without a
-valid signature is never applied (``invalid:signature``), and ``record`` signs what it writes.
+(default 2 s) plus, where no idle thread is at hand, a thread's start-up: store I/O runs on a
+daemon thread (``plancache.background``) that the caller stops waiting for at the deadline.
+Past it, or on any doubt, the answer is a miss and the boot profiles as usual. Every decision
+is logged on ``logging.getLogger("plancache")``. Signatures are the store's
+(``PlanStore.keyring``): where it holds keys, a record without a valid signature is never
+applied (``invalid:signature``), and ``record`` signs what it writes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from plancache import __version__
+from plancache import __version__, background
+from plancache.background import Job, JobTimeout
 from plancache.defaults import DEFAULT_BUDGET_S
 from plancache.errors import (
     InvalidPlanError,
@@ -33,13 +35,13 @@ from plancache.plan import Plan
 from plancache.reasons import Reason, RecordReason
 from plancache.redaction import scrub
 from plancache.store import PlanStore, PutOutcome
+from plancache.units import gib_text as _gib
 
 if TYPE_CHECKING:
     from plancache.config import Settings
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
-GiB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -80,49 +82,16 @@ _RECORD_FAILURES = {
 }
 
 
-class _Timeout(Exception):
-    pass
-
-
-class _Background(Generic[T]):
-    """``fn()`` running in a daemon thread from construction; ``wait`` joins it, bounded."""
-
-    def __init__(self, fn: Callable[[], T], name: str = "plancache-io") -> None:
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._error: Exception | None = None
-
-        def target() -> None:
-            try:
-                self._value = fn()
-            except Exception as exc:  # handed to the caller
-                self._error = exc
-            finally:
-                self._done.set()
-
-        threading.Thread(target=target, name=name, daemon=True).start()
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float) -> T:
-        """``fn``'s result or exception, or ``_Timeout`` past ``timeout`` seconds."""
-        if not self._done.wait(max(0.0, timeout)):
-            raise _Timeout
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]  # set when fn returned
-
-
 def _bounded(fn: Callable[[], T], timeout: float) -> T:
-    """Run ``fn`` in a daemon thread; its result, its exception, or ``_Timeout``."""
-    return _Background(fn).wait(timeout)
+    """Run ``fn`` on a daemon thread (``background.start``); its result, its exception, or
+    ``JobTimeout``."""
+    return background.start(fn).wait(timeout)
 
 
 def _describe(exc: BaseException) -> tuple[Reason, str]:
     """(reason, detail) for a failure of store I/O; the detail holds no URL user information
     or secret-looking URL parameter, whatever raised."""
-    if isinstance(exc, _Timeout):
+    if isinstance(exc, JobTimeout):
         return Reason.TIMEOUT, "store did not answer within the time budget"
     if isinstance(exc, UnsupportedSchemaError):
         reason, detail = Reason.MISS, str(exc)
@@ -186,7 +155,7 @@ class PlanCache:
             except Exception as exc:
                 log.debug("plancache: warm-up could not open the store: %s", exc)
 
-        threading.Thread(target=open_store, name="plancache-warm", daemon=True).start()
+        background.start(open_store, "plancache-warm")
 
     def lookup(
         self,
@@ -325,7 +294,7 @@ class PendingLookup:
         self.current_free_memory = current_free_memory
         self.avoid = frozenset(avoid)
         self._decision: Decision | None = None
-        self._fetch: _Background[Plan | None] | None = None
+        self._fetch: Job[Plan | None] | None = None
         self._invalid = ""
         self.fingerprint: str | None = None
         try:
@@ -338,7 +307,7 @@ class PendingLookup:
         def usable(p: Plan) -> bool:
             return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
-        self._fetch = _Background(lambda: cache.store.find(key, usable), "plancache-lookup")
+        self._fetch = background.start(lambda: cache.store.find(key, usable), "plancache-lookup")
 
     def done(self) -> bool:
         """True once the fetch has finished (found, missed or failed)."""
@@ -376,12 +345,6 @@ class PendingLookup:
 
 def _short(fp: str | None) -> str:
     return fp[:12] if fp else "-"
-
-
-def _gib(value: object) -> str:
-    if type(value) is int and abs(value) < 2**63:
-        return f"{value / GiB:.2f}GiB"
-    return f"{value!r:.40}"
 
 
 def _budget_detail(plan: Plan, current_free_memory: object, budget: Budget | None) -> str:

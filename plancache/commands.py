@@ -42,7 +42,6 @@ from plancache.display import (
     Progress,
     age,
     echo,
-    gib,
     plural,
     print_json,
     print_table,
@@ -56,6 +55,7 @@ from plancache.inventory import device
 from plancache.plan import Plan
 from plancache.signing import Keyring, parse_keys
 from plancache.store import PlanStore
+from plancache.units import gib
 
 
 class CliError(ValueError):

@@ -40,11 +40,6 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def gib(n: int) -> str:
-    """Bytes as GiB with two decimals, without the unit."""
-    return f"{n / (1 << 30):.2f}"
-
-
 def age(seconds: float) -> str:
     """``45s``, ``12m``, ``5h``, ``30d``: the largest whole unit (``future`` if negative)."""
     if seconds < 0:

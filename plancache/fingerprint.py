@@ -25,7 +25,6 @@ SCALAR_TYPES = (str, int, float, bool, type(None))
 not encode alike everywhere."""
 _INT_RANGE = range(-(2**63), 2**64)  # what orjson encodes
 
-KEY_LENGTH = 64
 OBJECT_PREFIX = "startup_plan_"
 OBJECT_SUFFIX = ".json"
 _KEY = re.compile(r"[0-9a-f]{64}")

@@ -30,13 +30,11 @@ from plancache.breaker import Breaker
 from plancache.errors import InvalidPlanError, InvalidSignatureError, UnsupportedSchemaError
 from plancache.fingerprint import is_key_prefix
 from plancache.observation import Observation, Tombstone
-from plancache.plan import Plan
+from plancache.plan import DEVICE_FACTOR, MODEL_LABEL, Plan
 from plancache.reasons import Reason
 from plancache.store import PlanStore, PutOutcome
 
 T = TypeVar("T")
-DEVICE_FACTOR = "device_name"
-"""The factor naming the device a plan was recorded on (the vLLM plugin records it)."""
 WORKERS = 8
 """Threads reading or writing records at once."""
 
@@ -70,14 +68,15 @@ class Entry:
 
 
 def device(plan: Plan) -> str:
-    """The device ``plan`` was recorded on, or ``-`` if its factors do not say."""
+    """The device ``plan`` was recorded on (its ``DEVICE_FACTOR``), or ``-`` if its factors
+    do not say."""
     value = plan.factors.get(DEVICE_FACTOR)
     return "-" if value is None else str(value)
 
 
 def model(plan: Plan) -> str:
-    """The model the plan is for, from its ``model`` label (``-`` if unlabelled)."""
-    return str(plan.labels.get("model", "-"))
+    """The model the plan is for, from its ``MODEL_LABEL`` (``-`` if unlabelled)."""
+    return str(plan.labels.get(MODEL_LABEL, "-"))
 
 
 def _parallel(
@@ -367,7 +366,9 @@ def prune(
     temps = marks = None
     if isinstance(store, LocalStore):
         temps = store.remove_stale_temp_files(dry_run=dry_run)
-        marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
+    breaker = Breaker.beside(store)
+    if breaker is not None:
+        marks = breaker.clean(older_than, dry_run=dry_run)
     invalid = sum(e.plan is None for e in entries)
     rejected = sum(e.plan is not None and e.rejected is not None for e in entries)
     return Pruning(pruned, dropped, ahead, deleted, temps, marks, invalid, rejected)

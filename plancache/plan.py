@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -61,6 +61,11 @@ MAX_TOMBSTONES = 32
 MAX_LABELS = 16
 MAX_LABEL_NAME = 64
 MAX_LABEL_TEXT = 256
+MODEL_LABEL: Final = "model"
+"""The label that names a record's model, as ``DEVICE_FACTOR`` is the factor that names the
+device its boots ran on: how a record describes itself to a person (``plancache ls``,
+``show``, ``stats``). Producers follow it; the vLLM plugin records both."""
+DEVICE_FACTOR: Final = "device_name"
 
 _KEY_END = re.compile(rb'"\s*:')
 _QUOTE_BLANKS = tuple(b'"' + c for c in (b" ", b"\t", b"\n", b"\r", b"\f", b"\v"))

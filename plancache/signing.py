@@ -44,6 +44,7 @@ import orjson
 
 from plancache.errors import ConfigError, InvalidPlanError, InvalidSignatureError
 from plancache.plan import KEY_ID_CHARS, Plan, Signature
+from plancache.redaction import MASK
 
 MIN_KEY_CHARS = 16
 """Shortest key accepted."""
@@ -154,7 +155,7 @@ class Keyring:
         """``message`` with every key of this keyring masked (for messages built from
         foreign text, e.g. the CLI's error line)."""
         for key in self._keys.values():
-            message = message.replace(key.decode(), "***")
+            message = message.replace(key.decode(), MASK)
         return message
 
     # -- signing and judging ----------------------------------------------------------------

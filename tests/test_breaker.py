@@ -477,3 +477,10 @@ def test_an_unwritable_directory_never_raises(tmp_path: Path) -> None:
     breaker.disarm(None)
     assert breaker.recover(PlanCache(LocalStore(tmp_path / "s")), FP) == frozenset()
     assert breaker.clean() == 0
+
+
+def test_a_local_store_holds_its_nodes_marks(tmp_path: Path) -> None:
+    """``plancache prune`` cleans the marks beside a local store's plans, and only there."""
+    breaker = Breaker.beside(LocalStore(tmp_path / "plans"))
+    assert breaker is not None and breaker.directory == tmp_path / "plans" / "marks"
+    assert Breaker.beside(open_store("memory://plans")) is None

@@ -206,3 +206,29 @@ def test_hostile_values_never_raise(store: PlanStore) -> None:
     d = cache.lookup(ExplodingFactors(), 1)
     assert (d.reason, d.fingerprint) == ("invalid-factors", None)
     assert "factor source broke" in d.detail
+
+
+def test_a_lookup_runs_on_the_thread_that_opened_the_store(tmp_path: Path) -> None:
+    """After ``warm``, a lookup starts no thread of its own: it hands its fetch to the idle
+    thread that opened the store (no thread start-up on a boot's critical path)."""
+    LocalStore(tmp_path).put(make_plan())
+    threads: list[threading.Thread] = []
+
+    class Recording(LocalStore):
+        def _read(self, fp: str) -> tuple[bytes, object] | None:
+            threads.append(threading.current_thread())
+            return super()._read(fp)
+
+    def factory() -> PlanStore:
+        threads.append(threading.current_thread())
+        return Recording(tmp_path)
+
+    cache = PlanCache(factory, timeout=5)
+    cache.warm()
+    for _ in range(500):  # until the warm-up's thread waits for work again
+        if threads and threads[0].name == "plancache-idle":
+            break
+        time.sleep(0.01)
+    assert cache.lookup(FACTORS, 80 * GiB).reason == "hit"
+    assert cache.lookup(FACTORS, 80 * GiB).reason == "hit"
+    assert len(threads) == 3 and threads[0] is threads[1] is threads[2]

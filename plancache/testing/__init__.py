@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from plancache.testing import hostile, servers
 from plancache.testing.env import PACKAGE_ROOT, SETTINGS_VARS, child_env
-from plancache.testing.plans import FACTORS, GiB, make_plan
+from plancache.testing.plans import FACTORS, make_plan
+from plancache.units import GiB
 
 if TYPE_CHECKING:
     from plancache.testing.contract import StoreContract

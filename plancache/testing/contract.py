@@ -35,7 +35,8 @@ from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
 from plancache.errors import UnsupportedSchemaError
 from plancache.merge import covers, frontier
 from plancache.plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
-from plancache.testing.plans import GiB, make_plan
+from plancache.testing.plans import make_plan
+from plancache.units import GiB
 
 T = TypeVar("T")
 StoreSpec = tuple[str, dict[str, Any]]

@@ -16,8 +16,9 @@ import pytest
 from plancache import PlanStore, PutOutcome, open_store
 from plancache.fingerprint import object_name
 from plancache.testing.contract import StoreContract, StoreSpec, WriteRaw, missing_fixture
-from plancache.testing.plans import GiB, make_plan
+from plancache.testing.plans import make_plan
 from plancache.testing.servers import CountingProxy
+from plancache.units import GiB
 
 
 class ObjectStoreContract(StoreContract):

@@ -12,8 +12,8 @@ import orjson
 from plancache.fingerprint import Scalar
 from plancache.plan import Plan
 from plancache.signing import key_id
+from plancache.units import GiB
 
-GiB = 1 << 30
 FACTORS: dict[str, Scalar] = {"model": "test/model", "gpu_memory_utilization": 0.9, "rank": 0}
 """Factors of the default test plan."""
 

@@ -32,7 +32,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-GiB = 1 << 30
+from plancache.units import GiB
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ import importlib.util
 import itertools
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -117,11 +116,8 @@ def booted(worker: Any) -> int:
 
 
 def stored(directory: Path) -> list[Plan]:
-    """Every plan in the local store at ``directory``, once this process's background saves
-    have finished."""
-    for thread in threading.enumerate():
-        if thread.name == "plancache-save":
-            thread.join(10)
+    """Every plan in the local store at ``directory`` (wait for a worker's background save
+    first: ``booted`` or ``wait_saved``)."""
     store = open_store(str(directory))
     return [p for fp in store.iter_fingerprints() if (p := store.get(fp)) is not None]
 

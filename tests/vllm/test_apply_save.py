@@ -12,6 +12,7 @@ import pytest
 
 import plancache.integrations.vllm as plugin
 from plancache import Plan, PlanCache
+from plancache.backends.local import LocalStore
 from plancache.integrations.vllm import BootMode, apply
 from plancache.testing import GiB
 from tests.vllm.support import booted, key_of, stored
@@ -110,6 +111,7 @@ def test_save_key_is_lookup_key_though_config_changes(gpu: ModuleType, store_dir
     worker.determine_available_memory()
     worker.compile_or_warm_up_model()
     assert worker.vllm_config.compute_hash() != before  # resolved during startup
+    plugin.wait_saved(worker, 10.0)
     [plan] = stored(store_dir)
     assert plan.fingerprint == decision.fingerprint
     again = gpu.Worker()
@@ -122,6 +124,7 @@ def test_no_save_when_warmup_fails(gpu: ModuleType, store_dir: Path) -> None:
     worker.determine_available_memory()
     with pytest.raises(RuntimeError):
         worker.compile_or_warm_up_model()
+    assert plugin.wait_saved(worker, 10.0) is None
     assert stored(store_dir) == []
 
 
@@ -158,3 +161,25 @@ def test_public_functions_do_nothing_when_disabled(
     assert plugin.maybe_apply_startup_plan(worker) is None
     assert plugin.maybe_save_startup_plan(worker, GiB) is None
     assert stored(store_dir) == []
+
+
+def test_the_timing_data_never_steers_the_decision(
+    gpu: ModuleType, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Boot.costs`` only reports: the join waits for what ``begin`` left of the budget,
+    whatever the costs say."""
+    booted(gpu.Worker(profiled_kv=30 * GiB))  # a plan to apply
+
+    class Slow(LocalStore):
+        def _read(self, fp: str) -> tuple[bytes, object] | None:
+            time.sleep(0.3)
+            return super()._read(fp)
+
+    monkeypatch.setattr(apply, "_cache", PlanCache(Slow(store_dir), timeout=5.0))
+    worker = gpu.Worker()
+    worker.load_model()
+    boot = apply.boot_of(worker)
+    assert boot is not None and boot.spent < 1.0
+    boot.costs["load_model"] = 60.0  # as if load_model had been slow to enter
+    assert worker.determine_available_memory() == 30 * GiB
+    assert boot.mode is BootMode.APPLIED

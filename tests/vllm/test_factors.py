@@ -10,6 +10,7 @@ from typing import get_type_hints
 import pytest
 
 import plancache.integrations.vllm as plugin
+from plancache import inventory
 from plancache.integrations.vllm import factors
 from plancache.integrations.vllm.factors import DeviceFactors, WorkerFactors
 from plancache.integrations.vllm.worker import WorkerLike
@@ -100,3 +101,10 @@ def test_labels_describe_the_record(gpu: ModuleType, store_dir: Path) -> None:
             "pipeline_parallel_size": 1,
         }
     )
+
+
+def test_a_record_describes_its_model_and_device(gpu: ModuleType, store_dir: Path) -> None:
+    """What ``plancache ls`` shows of a plugin's record: the model and device it names."""
+    booted(gpu.Worker())
+    [plan] = stored(store_dir)
+    assert (inventory.model(plan), inventory.device(plan)) == ("standin/model", "Standin GPU")

@@ -102,6 +102,8 @@ def agree(vote: Vote) -> Tally:
     counts = [0, 0, 0]
     counts[vote] = 1
     alone = Tally(*counts)
+    if "torch.distributed" not in sys.modules:  # never imported: no process group exists
+        return alone
     try:
         import torch
         import torch.distributed as dist

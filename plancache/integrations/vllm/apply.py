@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from plancache import background
+from plancache.background import Job
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
 from plancache.errors import ConfigError
 from plancache.fingerprint import Scalar, fingerprint
@@ -42,6 +44,7 @@ from plancache.integrations.vllm.factors import (
 )
 from plancache.integrations.vllm.worker import WorkerLike, memory_figures
 from plancache.observation import Observation
+from plancache.units import gib_text
 
 if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
     from plancache.breaker import Breaker, Mark
@@ -51,7 +54,6 @@ log = logging.getLogger("plancache.vllm")
 
 STATE_ATTR = "_plancache_boot"
 """The worker attribute that holds its ``Boot``."""
-_GiB = float(1 << 30)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -88,7 +90,7 @@ class Boot:
     pending: PendingLookup | None = None
     avoid: frozenset[str] = frozenset()
     """Digests of observations a boot on this node died with (``Breaker.recover``)."""
-    retractions: list[threading.Thread] = field(default_factory=list)
+    retractions: list[Job[bool]] = field(default_factory=list)
     """Background retractions of those observations, started at ``load_model``."""
     mark: Mark | None = None
     """The crash mark of the observation this boot applies, until the warm-up returned."""
@@ -97,16 +99,18 @@ class Boot:
     mode: BootMode | None = None
     decision: Decision | None = None
     tally: Tally | None = None
-    saving: threading.Thread | None = None
+    spent: float = 0.0
+    """Seconds of the lookup's time budget that ``begin`` spent before the fetch started
+    (the key, the crash recovery): the decision waits for the fetch at most what is left."""
+    saved: bool = False
+    """True once this boot's save was taken (run, or started in the background): never again."""
+    saving: Job[Recorded | None] | None = None
+    """The save started in the background, if any."""
     recorded: Recorded | None = None
     costs: dict[str, float] = field(default_factory=dict)
     """Seconds the plugin added to each wrapped method (its own work, peers' waits included),
     and, within them, to the breaker's ``breaker.recover``, ``breaker.arm`` and
-    ``breaker.disarm``."""
-
-    @property
-    def saved(self) -> bool:
-        return self.saving is not None or self.recorded is not None
+    ``breaker.disarm``. Timing only: nothing reads it to decide."""
 
 
 def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
@@ -164,23 +168,19 @@ def get_breaker() -> Breaker:
 
 class _BackgroundRetract:
     """What ``Breaker.recover`` retracts through: each retraction (``PlanCache.retract``:
-    bounded, never raises) runs in a daemon thread, so its store I/O stays off
-    ``load_model``'s entry; the threads are appended to ``threads``."""
+    bounded, never raises) runs on a daemon thread (``background.start``), so its store I/O
+    stays off ``load_model``'s entry; the jobs are appended to ``jobs``."""
 
-    def __init__(self, cache: PlanCache, threads: list[threading.Thread]) -> None:
+    def __init__(self, cache: PlanCache, jobs: list[Job[bool]]) -> None:
         self.cache = cache
-        self.threads = threads
+        self.jobs = jobs
 
-    def retract(self, fingerprint: str, observation: Observation) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.cache.retract,
-            args=(fingerprint, observation),
-            name="plancache-retract",
-            daemon=True,
+    def retract(self, fingerprint: str, observation: Observation) -> Job[bool]:
+        job = background.start(
+            lambda: self.cache.retract(fingerprint, observation), "plancache-retract"
         )
-        self.threads.append(thread)
-        thread.start()
-        return thread
+        self.jobs.append(job)
+        return job
 
 
 def warm() -> None:
@@ -234,6 +234,7 @@ def begin(worker: WorkerLike) -> Boot:
     boot = boot_of(worker)
     if boot is not None:
         return boot
+    start = time.perf_counter()
     boot = Boot()
     setattr(worker, STATE_ATTR, boot)
     if worker.cache_config.kv_cache_memory_bytes is not None:
@@ -257,6 +258,7 @@ def begin(worker: WorkerLike) -> Boot:
     boot.labels = worker_labels(worker)
     boot.avoid = safely(_recover, boot, cache) or frozenset()
     boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=boot.avoid)
+    boot.spent = time.perf_counter() - start
     return boot
 
 
@@ -316,7 +318,7 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
             builtins["maybe_apply_startup_plan"](worker)
         explicit = worker.cache_config.kv_cache_memory_bytes is not None
         return Vote.EXPLICIT if explicit else Vote.PROFILE
-    wait = get_cache().timeout - boot.costs.get("load_model", 0.0)
+    wait = get_cache().timeout - boot.spent
     figures = memory_figures(worker)
     budget = Budget(figures.requested_memory, figures.weights_memory)
     boot.decision = decision = boot.pending.result(wait, budget=budget)
@@ -382,12 +384,12 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
         worker.cache_config.kv_cache_memory_bytes = kv
         boot.mode = BootMode.APPLIED
         log.info(
-            "plancache: rank %s applies plan fp=%s: kv_cache_memory_bytes=%s (%.2f GiB), "
+            "plancache: rank %s applies plan fp=%s: kv_cache_memory_bytes=%s (%s), "
             "memory profiling skipped%s",
             rank,
             fp,
             kv,
-            (kv or 0) / _GiB,
+            gib_text(kv),
             agreement,
         )
     else:

@@ -16,10 +16,8 @@ from typing import TypedDict, cast
 
 from plancache.fingerprint import Scalar
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.plan import MAX_LABEL_TEXT
+from plancache.plan import DEVICE_FACTOR, MAX_LABEL_TEXT, MODEL_LABEL
 
-ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-"""torch's caching-allocator settings (expandable segments, split sizes): fragmentation."""
 MEMORY_ENVS = (
     "VLLM_USE_NCCL_SYMM_MEM",
     "VLLM_ALLREDUCE_USE_SYMM_MEM",
@@ -51,7 +49,8 @@ class SoftwareFactors(TypedDict):
 
 
 class DeviceFactors(TypedDict):
-    """The worker's own device, as ``vllm.platforms.current_platform`` describes it."""
+    """The worker's own device, as ``vllm.platforms.current_platform`` describes it;
+    ``device_name`` is the format's ``DEVICE_FACTOR`` (what ``plancache ls`` shows)."""
 
     device_name: str
     device_total_memory: int
@@ -115,7 +114,7 @@ def device_factors(worker: WorkerLike) -> DeviceFactors:
     visible = getattr(worker.device, "index", None)
     capability = platform.get_device_capability(logical if visible is None else int(visible))
     return {
-        "device_name": str(platform.get_device_name(logical)),
+        DEVICE_FACTOR: str(platform.get_device_name(logical)),
         "device_total_memory": int(platform.get_device_total_memory(logical)),
         "device_capability": "" if capability is None else capability.as_version_str(),
     }
@@ -144,7 +143,7 @@ def worker_labels(worker: WorkerLike) -> dict[str, Scalar]:
     model = getattr(config, "model_config", None)
     parallel = getattr(config, "parallel_config", None)
     wanted: tuple[tuple[str, object, str], ...] = (
-        ("model", model, "model"),
+        (MODEL_LABEL, model, "model"),
         ("dtype", model, "dtype"),
         ("max_model_len", model, "max_model_len"),
         ("tensor_parallel_size", parallel, "tensor_parallel_size"),

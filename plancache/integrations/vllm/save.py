@@ -11,10 +11,11 @@ differ from any lookup's); values that are not sizes are logged and not saved.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
+from plancache import background
+from plancache.background import Job
 from plancache.cache import Recorded
 from plancache.integrations.vllm.apply import BootMode, boot_of, get_cache, safely
 from plancache.integrations.vllm.enable import enabled
@@ -56,15 +57,14 @@ def _save_job(worker: WorkerLike, kv_cache_memory_bytes: object) -> Callable[[],
     retractions = list(boot.retractions)
 
     def record() -> Recorded:
-        for thread in retractions:  # a crashed observation's tombstone goes first
-            thread.join(cache.timeout)
+        for retraction in retractions:  # a crashed observation's tombstone goes first
+            retraction.join(cache.timeout)
         boot.recorded = cache.record(
             factors, kv_cache_memory_bytes=kv, free_memory_baseline=free, labels=labels
         )
         return boot.recorded
 
-    boot.recorded = None
-    boot.saving = threading.current_thread()  # marks the boot saved from here on
+    boot.saved = True
     return record
 
 
@@ -75,18 +75,17 @@ def save_plan(worker: WorkerLike, kv_cache_memory_bytes: object) -> Recorded | N
     return None if job is None else job()
 
 
-def start_save(worker: WorkerLike, kv_cache_memory_bytes: object) -> threading.Thread | None:
-    """Like ``save_plan``, in a daemon thread: the caller never waits for the store, and the
-    process never waits for it at exit. The thread, or None when nothing is owed."""
+def start_save(worker: WorkerLike, kv_cache_memory_bytes: object) -> Job[Recorded | None] | None:
+    """Like ``save_plan``, on a daemon thread (``background.start``): the caller never waits
+    for the store, and the process never waits for it at exit. The job, or None when nothing
+    is owed."""
     job = _save_job(worker, kv_cache_memory_bytes)
     if job is None:
         return None
-    thread = threading.Thread(target=safely, args=(job,), name="plancache-save", daemon=True)
     boot = boot_of(worker)
     assert boot is not None
-    boot.saving = thread
-    thread.start()
-    return thread
+    boot.saving = background.start(lambda: safely(job), "plancache-save")
+    return boot.saving
 
 
 def wait_saved(worker: object, timeout: float) -> Recorded | None:
@@ -97,12 +96,10 @@ def wait_saved(worker: object, timeout: float) -> Recorded | None:
     if boot is None:
         return None
     deadline = time.monotonic() + timeout
-    for thread in boot.retractions:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if boot.saving is None:
-        return None
-    if boot.saving is not threading.current_thread() and boot.saving.ident is not None:
-        boot.saving.join(max(0.0, deadline - time.monotonic()))
+    for retraction in boot.retractions:
+        retraction.join(deadline - time.monotonic())
+    if boot.saving is not None:
+        boot.saving.join(deadline - time.monotonic())
     return boot.recorded
 
 

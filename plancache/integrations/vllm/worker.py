@@ -74,10 +74,6 @@ class MemoryFigures:
     """``ceil(total memory x gpu_memory_utilization)``: the KV cache fits below it."""
     weights_memory: int | None
     """Bytes the weights took (``model_runner.model_memory_usage``), known after loading."""
-    total_memory: int | None
-    """The device's total memory as ``init_snapshot`` measured it."""
-    free_memory: int | None
-    """Free memory at ``init_snapshot`` (the gate's figure)."""
 
 
 def memory_figures(worker: object) -> MemoryFigures:
@@ -86,11 +82,8 @@ def memory_figures(worker: object) -> MemoryFigures:
     def size(value: object) -> int | None:
         return value if type(value) is int else None
 
-    snapshot = getattr(worker, "init_snapshot", None)
     runner = getattr(worker, "model_runner", None)
     return MemoryFigures(
         requested_memory=size(getattr(worker, "requested_memory", None)),
         weights_memory=size(getattr(runner, "model_memory_usage", None)),
-        total_memory=size(getattr(snapshot, "total_memory", None)),
-        free_memory=size(getattr(snapshot, "free_memory", None)),
     )

@@ -15,7 +15,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-GiB = 1 << 30
+from plancache.units import GiB
 
 
 def maybe_apply_startup_plan(worker: Worker) -> None:
