@@ -2,8 +2,8 @@
 
 - ``python``: executed in a fresh interpreter, with a temporary ``HOME`` and
   ``VLLM_CACHE_ROOT``, ``PLANCACHE_URL`` a temporary local store and no other ``PLANCACHE_*``
-  setting; a block that defines pytest tests (``class Test...``) is run by pytest, without
-  the store contract's process races;
+  setting (a block that defines pytest tests only defines them: the store contract's
+  example is run whole by ``tests/testing/test_contract.py``);
 - ``console``: each ``$ plancache ...`` line is run against a local store seeded by ``seed``
   (``PLANCACHE_URL``); the first line of its output must be the line that follows it;
 - ``bash``: ``bash -n`` (syntax), and every ``PLANCACHE_*``/``VLLM_*`` name it uses must be one
@@ -149,11 +149,13 @@ def test_every_setting_the_code_reads_is_documented() -> None:
 def test_python_block_runs(where: str, code: str, env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "test_block.py"
     script.write_text(code)
-    # the store contract's process races take half a minute; its own tests run them
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not processes", str(script)]
-    command = [sys.executable, *(args if "\nclass Test" in code else [str(script)])]
     result = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, f"{where}\n{result.stdout}\n{result.stderr}"
 
