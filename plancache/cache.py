@@ -113,8 +113,9 @@ class PlanCache:
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory, called (once, inside the time budget) on first use, so
-        that opening a remote client is bounded like any other I/O."""
+        ``store`` may be a factory, called inside the time budget on first use (and again on
+        the next use while it raises), so that opening a remote client is bounded like any
+        other I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)

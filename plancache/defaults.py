@@ -14,7 +14,8 @@ would make every call fail or hang)."""
 
 
 def default_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``: where vLLM keeps its own plans."""
+    """``{VLLM_CACHE_ROOT or $XDG_CACHE_HOME/vllm or ~/.cache/vllm}/startup_plan``: where vLLM
+    keeps its own plans."""
     env = os.environ if environ is None else environ
     root = env.get("VLLM_CACHE_ROOT") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"

@@ -258,7 +258,9 @@ class CopyCounts:
     created: int = 0
     replaced: int = 0
     kept: int = 0
-    """The destination's plan dominates (or equals) the source's."""
+    """The destination's record already holds everything the source's adds (the merge
+    changes nothing), or it is one ``put`` never replaces (another schema's, or signed
+    where the destination cannot sign)."""
     invalid: int = 0
     """Invalid records (or of another schema) in the source, skipped."""
     rejected: int = 0

@@ -99,7 +99,9 @@ class LazyStore(PlanStore):
             raise self._error
         return self._store
 
-    # Everything goes to the opened store (its own public methods included).
+    # The five primitives and get, find, put, delete, iter_fingerprints and read_raw go to
+    # the opened store; put_merged, rewrite and retract run here (PlanStore's merge loop on
+    # the opened store's primitives).
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         return self.opened._read(fp)
 

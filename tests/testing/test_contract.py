@@ -1,4 +1,4 @@
-"""The contract classes as a third-party backend uses them: the README's example runs the
+"""The contract classes as a third-party backend uses them: the docs' example runs the
 whole contract, and a subclass that forgets a fixture hears which one."""
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ import pytest
 
 from plancache.testing import PACKAGE_ROOT, child_env
 
-README = PACKAGE_ROOT / "README.md"
-SECTION = "## Testing your own store"
+PAGE = PACKAGE_ROOT / "docs" / "testing-stores.md"
 
 
-def readme_example() -> str:
-    """The first Python block of the README's section on testing your own store."""
-    text = README.read_text()
-    section = text[text.index(SECTION) :]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, f"no python block under {SECTION!r} in {README}"
+def docs_example() -> str:
+    """The first Python block of the docs' page on testing your own store."""
+    match = re.search(r"```python\n(.*?)```", PAGE.read_text(), re.DOTALL)
+    assert match is not None, f"no python block in {PAGE}"
     return match.group(1)
 
 
-def test_the_readme_example_runs_the_whole_contract(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_my_store=readme_example())
+def test_the_docs_example_runs_the_whole_contract(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_my_store=docs_example())
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", timeout=300)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == outcomes.get("errors", 0) == 0, result.stdout.str()

@@ -11,30 +11,8 @@ key, recover the crash marks dead boots left on this node, start the store fetch
 thread: the fetch overlaps weight loading), ``determine_available_memory`` (join the fetch,
 gate, write a crash mark, agree across ranks, apply) and ``compile_or_warm_up_model``
 (remove the mark, save in a daemon thread after it returned), as soon as that module is
-imported, so processes that never import it (the API server) pay nothing. Guarantees:
-
-- an explicit ``--kv-cache-memory-bytes`` is always respected: no lookup, no save;
-- the key is computed once, when ``load_model`` is entered, and the save uses the same
-  factors, however the config changes later in startup;
-- every rank of vLLM's world group (every DP engine too) votes exactly once, at
-  ``determine_available_memory``; a plan is applied only if no rank must profile; if the
-  vote itself fails, the boot stops with ``RankAgreementError`` (never ranks on different
-  paths);
-- a plan's observation is applied only if its KV cache fits in what the boot may use
-  (``requested_memory`` minus the loaded weights: ``gate:exceeds-budget``), no earlier boot
-  on this node died with it, and its crash mark is written; a boot that finds the mark of a
-  dead process avoids that observation (``gate:crashed-before``) and retracts it from the
-  store, so a bad plan costs each node at most one failed boot;
-- a plan is saved only by a boot that profiled, after ``compile_or_warm_up_model``
-  returned, and it records what that boot allocated (``available_kv_cache_memory_bytes``);
-  the save never delays readiness or exit;
-- device facts come from ``vllm.platforms.current_platform`` (CUDA, ROCm, XPU); where the
-  key cannot be computed, vLLM's built-in startup-plan functions act as without plancache;
-- a setting plancache cannot use (e.g. a key variable that holds no key, a key file that is
-  no regular file) turns it off for the process with one ERROR line: its boots profile and
-  record nothing, and vLLM's built-in functions do not act either;
-- nothing here raises into vLLM's boot path because of a store, a config or a missing
-  attribute; a vLLM without the wrapped methods gets one warning and no patch.
+imported, so processes that never import it (the API server) pay nothing. Its guarantees
+are listed once, in the documentation (``docs/vllm.md``, "Guarantees").
 
 Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point, logs),
 ``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,

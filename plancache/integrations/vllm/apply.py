@@ -4,18 +4,7 @@ fetch at ``load_model``, the decision (join, gate, crash mark, rank agreement, a
 boot state that ties them (the save, in ``save``, reads it too), and the process's cache
 and breaker.
 
-Guarantees: an explicit ``kv_cache_memory_bytes`` is respected (no lookup, no save); the key
-is computed once, when ``load_model`` is entered (or at the decision if it never was), and
-the save reuses it; every rank votes exactly once and a plan is applied only if no rank must
-profile; a rank votes "can apply" only for an observation that passes the free-memory gate
-and plausibility (its KV cache fits in ``requested_memory`` minus the loaded weights), that
-no earlier boot on this node died with, and whose crash mark it has written; the mark stays
-until ``compile_or_warm_up_model`` returned, so the next boot on the node learns of a crash
-with it, avoids it and retracts it from the store (in the background). Where the key cannot
-be computed, vLLM's built-in startup-plan functions run as if plancache were absent. A
-setting plancache cannot use (``ConfigError``, e.g. a key variable that holds no key) turns
-it off for the process, with one ERROR line: its boots profile, and neither plancache nor
-vLLM's built-in functions apply or record a plan (never a fall-back to unsigned plans).
+Its guarantees are the plugin's (``docs/vllm.md``, "Guarantees").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the descriptive labels of its record.
 
 ``VllmConfig.compute_hash()`` covers the vLLM version and the model, cache, parallel,
 scheduler and compilation configs; the other factors are what changes the profiled value
-although that hash leaves it out (vLLM 0.33.0; evidence in the README). Reads vLLM, torch
+although that hash leaves it out (vLLM 0.33.0; why each, in docs/vllm.md). Reads vLLM, torch
 and the worker's own device only when called.
 """
 
