@@ -179,6 +179,24 @@ class Keyring:
             "(changed after signing)"
         )
 
+    def sign_payload(self, payload: bytes) -> Signature:
+        """The signature of ``payload`` (any canonical bytes, e.g. an artifact manifest) with
+        the signing key; ``ValueError`` without one."""
+        if self._signing is None:
+            raise ValueError("this keyring holds no signing key")
+        return Signature(self._signing, _mac(self._keys[self._signing], payload))
+
+    def verdict_payload(self, payload: bytes, sig: Signature | None) -> Verdict:
+        """What this keyring makes of ``sig`` over ``payload`` (as ``verdict`` for a plan)."""
+        if sig is None:
+            return Verdict.UNSIGNED
+        key = self._keys.get(sig.keyid)
+        if key is None:
+            return Verdict.UNKNOWN_KEY
+        if not hmac.compare_digest(_mac(key, payload), sig.hmac_sha256):
+            return Verdict.BAD_MAC
+        return Verdict.VALID
+
     # -- the writer's rules (see the module docstring) -------------------------------------
     def seal(self, plan: Plan) -> Plan:
         """``plan`` as a writer with this keyring writes it: signed with the signing key,
