@@ -214,7 +214,20 @@ def _decompressing(source: Readable) -> _Stream:
         import zstandard
     except ImportError:
         raise ArtifactError("artifact is zstd-compressed and zstandard is not installed") from None
-    return _Stream(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=False))
+    return _Stream(_Unzstd(zstandard.ZstdDecompressor().stream_reader(raw), zstandard.ZstdError))
+
+
+class _Unzstd:
+    """A zstd stream reader whose decoding errors are ``ArtifactError`` (corrupt data)."""
+
+    def __init__(self, reader: Readable, error: type[Exception]) -> None:
+        self.reader, self.error = reader, error
+
+    def read(self, n: int, /) -> bytes:
+        try:
+            return self.reader.read(n)
+        except self.error as exc:
+            raise ArtifactError(f"artifact stream is corrupt: {exc}") from None
 
 
 def _member(stream: _Stream) -> tarfile.TarInfo:
@@ -222,7 +235,7 @@ def _member(stream: _Stream) -> tarfile.TarInfo:
     block = stream.exact(BLOCK)
     try:
         info = tarfile.TarInfo.frombuf(block, "utf-8", "strict")
-    except tarfile.EOFHeaderError:
+    except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
         raise ArtifactError("artifact archive ends before its last file") from None
     except (tarfile.HeaderError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"artifact archive header is malformed: {exc}") from None
@@ -275,7 +288,7 @@ def install(
     try:
         for entry in manifest.files:
             _extract(stream, temp, entry)
-        if stream.exact(BLOCK) != b"\0" * BLOCK:
+        if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
             raise ArtifactError("artifact archive holds more than its manifest lists")
         (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
         return manifest if _move_in(temp, target, manifest) else None

@@ -182,7 +182,9 @@ class S3Blobs(Blobs):
         return f"{self.store.prefix}/{name}" if self.store.prefix else name
 
     def open(self, name: str) -> Reader | None:
-        from plancache.backends.s3 import ClientError, _missing_key
+        from botocore.exceptions import ClientError
+
+        from plancache.backends.s3 import _missing_key
 
         async def get() -> Any:
             s3 = await self.store._client()
@@ -200,7 +202,9 @@ class S3Blobs(Blobs):
         return _AsyncReader(self.store, body, body.read, body.close)
 
     def create(self, name: str, chunks: Iterable[bytes]) -> bool:
-        from plancache.backends.s3 import ClientError, _lost_race
+        from botocore.exceptions import ClientError
+
+        from plancache.backends.s3 import _lost_race
 
         store, key = self.store, self._key(name)
         extra = dict(store.fs.s3_additional_kwargs)

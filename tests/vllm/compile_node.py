@@ -70,7 +70,7 @@ def main() -> None:
         setattr(passes, name, False)
 
     @support_torch_compile(dynamic_arg_dims={"x": 0})
-    class Tiny(nn.Module):
+    class Tiny(nn.Module):  # type: ignore[misc]
         def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
             super().__init__()
             self.up = nn.Linear(64, 128)
