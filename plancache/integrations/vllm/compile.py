@@ -87,8 +87,8 @@ def settings() -> CompileSettings:
 
 
 def hook() -> None:
-    """Wrap vLLM's AOT loader now, or when its module is imported; open the store in the
-    background (importing a client library takes a while) and bound the uploads at exit."""
+    """Wrap vLLM's AOT loader now, or when its module is imported (processes that never
+    import it, such as the API server, pay nothing more)."""
     from plancache.integrations.vllm.patch import PatchOnImport
 
     module = sys.modules.get(TARGET_MODULE)
@@ -96,6 +96,10 @@ def hook() -> None:
         patch_decorators(module)
     else:
         sys.meta_path.insert(0, PatchOnImport(TARGET_MODULE, patch_decorators))
+
+
+def _start_opening() -> None:
+    """Open the store in a daemon thread (once), and bound the uploads at exit."""
     global _opening
     with _lock:
         if _opening is None:
@@ -139,6 +143,7 @@ def patch_decorators(module: ModuleType) -> bool:
     if getattr(original, MARK, False):
         return True
     setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
+    _start_opening()  # importing a client library takes a while: before the first forward
     return True
 
 
