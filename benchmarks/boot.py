@@ -158,13 +158,22 @@ def run_compile(model: str, runs: int, util: float, timeout: float) -> dict[str,
         off = dict(base, PLANCACHE_COMPILE_CACHE="0")
         _boot(model, util, dict(off, VLLM_CACHE_ROOT=str(work / "warm")), timeout, "graphs")
         _boot(model, util, dict(base, VLLM_CACHE_ROOT=str(work / "seed")), timeout, "graphs")
-        cases = {
-            "compile-cold": lambda i: dict(off, VLLM_CACHE_ROOT=str(work / f"cold-{i}")),
-            "compile-warm": lambda i: dict(off, VLLM_CACHE_ROOT=str(work / "warm")),
-            "compile-new-node": lambda i: dict(base, VLLM_CACHE_ROOT=str(work / f"new-{i}")),
+        cases = {  # name: (environment, VLLM_CACHE_ROOT of boot i)
+            "compile-cold": (off, "cold-{i}"),
+            "compile-warm": (off, "warm"),
+            "compile-new-node": (base, "new-{i}"),
         }
-        for name, env_of in cases.items():
-            times = [_boot(model, util, env_of(i), timeout, "graphs")[0] for i in range(runs)]
+        for name, (env, root) in cases.items():
+            times = [
+                _boot(
+                    model,
+                    util,
+                    dict(env, VLLM_CACHE_ROOT=str(work / root.format(i=i))),
+                    timeout,
+                    "graphs",
+                )[0]
+                for i in range(runs)
+            ]
             results[name] = {"seconds": times, "median_seconds": median(times)}
             print(f"{name:18s} median {median(times):7.2f} s  runs {times}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
