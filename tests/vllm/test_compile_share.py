@@ -82,7 +82,7 @@ def outcomes(*procs: subprocess.Popen[str]) -> Iterator[tuple[int, Report, str]]
     try:
         for proc in procs:
             stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = stdout.strip().splitlines()
+            lines = [line for line in stdout.splitlines() if line.startswith("{")]
             assert lines, stderr[-4000:]
             yield proc.returncode, json.loads(lines[-1]), stdout + stderr
     finally:
@@ -125,22 +125,46 @@ def _upload(cold: Cold, url: str, options: dict[str, Any], keyring: Keyring) -> 
     assert artifacts.upload(cold.root / AOT / cold.key, cold.key, "rank_0_0") == {"store": True}
 
 
-def test_new_nodes_load_instead_of_compiling(
-    cold: Cold, tmp_path: Path, moto_s3: MotoS3, s3_bucket: str, fake_gcs: FakeGCS, gcs_bucket: str
-) -> None:
-    """Three new nodes, each with an empty ``VLLM_CACHE_ROOT``: from the local directory, from
-    S3 with a signature required (read-only), from GCS unsigned with the opt-in. Each loads
-    the artifact (vLLM's own counters), compiles nothing, and computes what eager does."""
-    s3_opts = {"endpoint_url": moto_s3.endpoint, "key": "k", "secret": "s"}
-    s3_opts["client_kwargs"] = {"region_name": "us-east-1"}  # type: ignore[assignment]
+@dataclass
+class Fleet:
+    """Four new nodes started side by side, each with an empty ``VLLM_CACHE_ROOT``."""
+
+    loads: list[tuple[Report, str]]
+    """From the local directory, from S3 with a signature required (read-only), from GCS
+    unsigned with the opt-in."""
+    crash: tuple[int, Report, str]
+    """SIGKILLed right after vLLM loaded the artifact installed from ``crash_store``."""
+    crash_root: Path
+    crash_store: Path
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    cold: Cold,
+    tmp_path_factory: pytest.TempPathFactory,
+    moto_s3: MotoS3,
+    fake_gcs: FakeGCS,
+) -> Fleet:
+    base = tmp_path_factory.mktemp("fleet")
+    s3_bucket, gcs_bucket = "compile-fleet", "compile-fleet"
+    moto_s3.create_bucket(s3_bucket)
+    fake_gcs.create_bucket(gcs_bucket)
+    s3_opts: dict[str, Any] = {
+        "endpoint_url": moto_s3.endpoint,
+        "key": "k",
+        "secret": "s",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
     gcs_opts = {"endpoint_url": fake_gcs.endpoint, "token": "anon"}
     _upload(cold, f"s3://{s3_bucket}", s3_opts, Keyring(KEY1))
     _upload(cold, f"gs://{gcs_bucket}", gcs_opts, Keyring())
-    results = reports(
-        node(cold.model_dir, tmp_path / "local", str(cold.store)),
+    crash_store = base / "crash-store"
+    shutil.copytree(cold.store, crash_store)
+    procs = [
+        node(cold.model_dir, base / "local", str(cold.store)),
         node(
             cold.model_dir,
-            tmp_path / "s3",
+            base / "s3",
             f"s3://{s3_bucket}",
             PLANCACHE_STORAGE_OPTIONS=json.dumps(s3_opts),
             PLANCACHE_VERIFY_KEYS=KEY1,
@@ -148,13 +172,24 @@ def test_new_nodes_load_instead_of_compiling(
         ),
         node(
             cold.model_dir,
-            tmp_path / "gcs",
+            base / "gcs",
             f"gs://{gcs_bucket}",
             PLANCACHE_STORAGE_OPTIONS=json.dumps(gcs_opts),
             PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
         ),
-    )
-    for report, log in results:
+        node(cold.model_dir, base / "crash", str(crash_store), "--die-after-load"),
+    ]
+    done = list(outcomes(*procs))
+    for code, _, log in done[:3]:
+        assert code == 0, log[-4000:]
+    return Fleet([(r, log) for _, r, log in done[:3]], done[3], base / "crash", crash_store)
+
+
+def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
+    """Each new node loads the artifact (vLLM's own counters), compiles nothing, and
+    computes what eager does: from a local directory, from S3 with a signature required
+    (read-only), from GCS unsigned with the opt-in."""
+    for report, log in fleet.loads:
         assert report["loaded_from_disk"] and report["aot_loaded"] == 1, log[-3000:]
         assert report["aot_compiles"] == 0 and report["equal_eager"]
         assert "rank_0_0: hit from store" in log
@@ -162,35 +197,32 @@ def test_new_nodes_load_instead_of_compiling(
 
 
 def test_crash_after_install_costs_one_boot_and_refusals_are_logged(
-    cold: Cold, tmp_path: Path
+    cold: Cold, fleet: Fleet, tmp_path: Path
 ) -> None:
     """A node SIGKILLed right after vLLM loaded the installed artifact: the next boot on that
     node avoids it (removes its copy, retracts it from the store) and compiles. Beside it, a
     node given an artifact vLLM cannot load (its ``model`` replaced, validly listed) logs
     vLLM's refusal and compiles."""
-    crash_store, bad_store = tmp_path / "crash-store", tmp_path / "bad-store"
-    shutil.copytree(cold.store, crash_store)
+    code, report, log = fleet.crash
+    assert code == -9 and report["dying"], log[-3000:]
+    installed = installed_manifest(fleet.crash_root / AOT / cold.key / "rank_0_0")
+    assert installed is not None  # what the dead boot installed is still there
+    bad_store = tmp_path / "bad-store"
     bad_tree = tmp_path / "bad-tree" / cold.key
     shutil.copytree(cold.root / AOT / cold.key, bad_tree)
     (bad_tree / "rank_0_0" / "model").write_bytes(b"not a compiled function")
     ArtifactStore(Settings(str(bad_store)), CompileSettings()).upload(
         bad_tree, cold.key, "rank_0_0"
     )
-    [(code, report, _)] = outcomes(
-        node(cold.model_dir, tmp_path / "crash", str(crash_store), "--die-after-load")
-    )
-    assert code == -9 and report["dying"]
-    installed = installed_manifest(tmp_path / "crash" / AOT / cold.key / "rank_0_0")
-    assert installed is not None  # what the dead boot installed is still there
 
     (after, after_log), (bad, bad_log) = reports(
-        node(cold.model_dir, tmp_path / "crash", str(crash_store), "--wait-upload", "120"),
+        node(cold.model_dir, fleet.crash_root, str(fleet.crash_store), "--wait-upload", "120"),
         node(cold.model_dir, tmp_path / "bad", str(bad_store)),
     )
     assert "gate:crashed-before" in after_log
     assert after["aot_compiles"] == 1 and not after["loaded_from_disk"], after_log[-3000:]
     assert after["equal_eager"]
-    stored = ArtifactStore(Settings(str(crash_store)), CompileSettings()).fetch(
+    stored = ArtifactStore(Settings(str(fleet.crash_store)), CompileSettings()).fetch(
         tmp_path / "check" / cold.key, cold.key, "rank_0_0"
     )
     assert stored.manifest is not None and stored.manifest.digest != installed.digest
