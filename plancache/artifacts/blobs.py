@@ -463,6 +463,11 @@ def blobs_for(url: str, storage_options: dict[str, Any]) -> Blobs:
     from plancache.backends.local import LocalStore
     from plancache.errors import UnsupportedStoreError
 
+    if "://" in url and not url.startswith("file://"):
+        # a part's upload, or completing a large multipart upload, may take far longer than
+        # the per-attempt read timeout sized for plans; every call stays bounded by its
+        # total (reads: the store's ``timeout``; uploads: ``UPLOAD_CALL_S``)
+        storage_options = {"read_timeout": UPLOAD_CALL_S, **storage_options}
     store = open_store(url, **storage_options)
     if isinstance(store, LocalStore):
         return LocalBlobs(store.root)

@@ -35,6 +35,7 @@ from tests.vllm.support import HERE, MODEL_CONFIG, REPO, vllm_installed
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (tox -e vllm)"),
+    pytest.mark.timeout(900),  # the module fixtures' compile and nodes count to the first test
 ]
 NODE = HERE / "compile_node.py"
 NODE_TIMEOUT_S = 400.0
