@@ -31,21 +31,10 @@ from typing import Any
 from plancache.artifacts.share import ArtifactStore, CompileSettings
 from plancache.config import Settings
 from plancache.testing import servers
+from tests.vllm.support import MODEL_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = REPO / "tests" / "vllm" / "compile_node.py"
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "float32",
-}
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
     r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s\)"

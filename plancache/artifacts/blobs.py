@@ -173,13 +173,27 @@ class _AsyncReader:
             self._close()
 
 
-class S3Blobs(Blobs):
-    def __init__(self, store: S3Store) -> None:
+class _ObjectBlobs(Blobs):
+    """Artifacts beside the plans of an object store (same bucket and prefix)."""
+
+    store: ObjectStore
+
+    def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self.url = store.url
 
     def _key(self, name: str) -> str:
         return f"{self.store.prefix}/{name}" if self.store.prefix else name
+
+    def names(self) -> Iterator[str]:
+        return _object_names(self.store)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class S3Blobs(_ObjectBlobs):
+    store: S3Store
 
     def open(self, name: str) -> Reader | None:
         from botocore.exceptions import ClientError
@@ -202,35 +216,15 @@ class S3Blobs(Blobs):
         return _AsyncReader(self.store, body, body.read, body.close)
 
     def create(self, name: str, chunks: Iterable[bytes]) -> bool:
-        from botocore.exceptions import ClientError
-
-        from plancache.backends.s3 import _lost_race
-
         store, key = self.store, self._key(name)
         extra = dict(store.fs.s3_additional_kwargs)
         parts = _parts(chunks)
         first = next(parts)
         second = next(parts, None)
         if second is None:  # one part: a conditional PutObject
-
-            async def put() -> bool:
-                s3 = await store._client()
-                try:
-                    await s3.put_object(
-                        Bucket=store.bucket,
-                        Key=key,
-                        Body=first,
-                        ContentType=CONTENT_TYPE,
-                        IfNoneMatch="*",
-                        **extra,
-                    )
-                except ClientError as exc:
-                    if _lost_race(exc):
-                        return False
-                    raise
-                return True
-
-            return store._run("write", put, UPLOAD_CALL_S)
+            return self._if_absent(
+                "put_object", Key=key, Body=first, ContentType=CONTENT_TYPE, **extra
+            )
 
         async def start() -> str:
             s3 = await store._client()
@@ -252,34 +246,43 @@ class S3Blobs(Blobs):
 
             store._run("write", part, UPLOAD_CALL_S)
 
-        async def complete() -> bool:
-            s3 = await store._client()
-            try:
-                await s3.complete_multipart_upload(
-                    Bucket=store.bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": done},
-                    IfNoneMatch="*",
-                )
-            except ClientError as exc:
-                if _lost_race(exc):
-                    return False
-                raise
-            return True
-
         try:
             send(1, first)
             send(2, second)
             for number, data in enumerate(parts, 3):
                 if data:
                     send(number, data)
-            created = store._run("write", complete, UPLOAD_CALL_S)
+            created = self._if_absent(
+                "complete_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": done},
+            )
         except BaseException:
             self._abort(key, upload_id)
             raise
         if not created:
             self._abort(key, upload_id)
+        return created
+
+    def _if_absent(self, call: str, **kwargs: Any) -> bool:
+        """The client's ``call`` with ``If-None-Match: *``; False if the object existed or a
+        racing writer won."""
+        from botocore.exceptions import ClientError
+
+        from plancache.backends.s3 import _lost_race
+
+        async def conditional() -> bool:
+            s3 = await self.store._client()
+            try:
+                await getattr(s3, call)(Bucket=self.store.bucket, IfNoneMatch="*", **kwargs)
+            except ClientError as exc:
+                if _lost_race(exc):
+                    return False
+                raise
+            return True
+
+        created: bool = self.store._run("write", conditional, UPLOAD_CALL_S)
         return created
 
     def _abort(self, key: str, upload_id: str) -> None:
@@ -298,21 +301,10 @@ class S3Blobs(Blobs):
 
         return self.store._run("delete", delete)
 
-    def names(self) -> Iterator[str]:
-        return _object_names(self.store)
-
-    def close(self) -> None:
-        self.store.close()
-
 
 # -- GCS -------------------------------------------------------------------------------------
-class GCSBlobs(Blobs):
-    def __init__(self, store: GCSStore) -> None:
-        self.store = store
-        self.url = store.url
-
-    def _key(self, name: str) -> str:
-        return f"{self.store.prefix}/{name}" if self.store.prefix else name
+class GCSBlobs(_ObjectBlobs):
+    store: GCSStore
 
     def _url(self, base: str, name: str) -> str:
         from gcsfs.core import quote
@@ -433,12 +425,6 @@ class GCSBlobs(Blobs):
             return True
 
         return self.store._run("delete", delete)
-
-    def names(self) -> Iterator[str]:
-        return _object_names(self.store)
-
-    def close(self) -> None:
-        self.store.close()
 
 
 def _object_names(store: ObjectStore) -> Iterator[str]:

@@ -14,7 +14,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from plancache.config import Settings
 from plancache.signing import Keyring
 from plancache.testing import child_env
 from plancache.testing.servers import FakeGCS, MotoS3
+from tests.vllm import support
 from tests.vllm.support import HERE, MODEL_CONFIG, REPO, vllm_installed
 
 pytestmark = [
@@ -78,19 +78,7 @@ def node(
 
 
 def outcomes(*procs: subprocess.Popen[str]) -> Iterator[tuple[int, Report, str]]:
-    """Each node's exit status, last JSON line and log, in order; every node ends in time."""
-    deadline = time.monotonic() + NODE_TIMEOUT_S
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = [line for line in stdout.splitlines() if line.startswith("{")]
-            assert lines, stderr[-4000:]
-            yield proc.returncode, json.loads(lines[-1]), stdout + stderr
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return support.outcomes(*procs, timeout=NODE_TIMEOUT_S)
 
 
 def reports(*procs: subprocess.Popen[str]) -> list[tuple[Report, str]]:
