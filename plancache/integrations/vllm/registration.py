@@ -34,7 +34,7 @@ def register() -> None:
             if not (plans or artifacts):
                 return
             _route_logs_to_vllm()
-            if artifacts:
+            if artifacts and _module_exists(compile.TARGET_MODULE):
                 compile.hook()
             if not plans:
                 return
