@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,7 +172,10 @@ def measure_fetch(artifact: Path, work: Path, runs: int = 5) -> dict[str, Any]:
 def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
     """Peak RSS of a process that stores and fetches a ``size_mib`` artifact, on a local
     directory and on S3 (moto runs in this process, so its memory is not counted)."""
+    from benchmarks.artifact_memory import make_tree
+
     out: dict[str, Any] = {}
+    make_tree(work / "mem", size_mib)
     with servers.s3_server() as (url, options):
         for name, (u, o) in {"local": (str(work / "mem-store"), {}), "s3": (url, options)}.items():
             proc = subprocess.run(
@@ -181,8 +185,7 @@ def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
                     "benchmarks.artifact_memory",
                     u,
                     json.dumps(o),
-                    str(size_mib),
-                    str(work / f"mem-{name}"),
+                    str(work / "mem"),
                 ],
                 cwd=REPO,
                 env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -193,6 +196,9 @@ def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-3000:])
             out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+            shutil.rmtree(work / "mem" / "node", ignore_errors=True)
+    for done in ("mem", "mem-store"):
+        shutil.rmtree(work / done, ignore_errors=True)
     return out
 
 
