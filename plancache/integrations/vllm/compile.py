@@ -10,7 +10,11 @@ whether or not a ``Worker`` is involved. The wrapper:
    a boot died with (between its load and the end of the first forward) is avoided, its
    installed copy removed (vLLM compiles) and it is retracted from the store;
 2. if ``model`` is missing locally, fetches the artifact of (key, rank) and installs it
-   (``plancache.artifacts``: trusted and verified, atomically), and leaves a crash mark;
+   (``plancache.artifacts``: trusted and verified, atomically), and leaves a crash mark.
+   Steps 1 and 2 start when the model is built (``_support_torch_compile`` is wrapped too:
+   its classes compute the path as vLLM's first forward will, in a daemon thread), so the
+   fetch overlaps the weights' loading; the first forward joins it (or, for a model built
+   before the plugin registered, does them itself);
 3. lets vLLM load as usual. If vLLM refused what was installed (it recompiles), that is
    logged with vLLM's reason; if it loaded, the mark is removed once the first forward
    returned.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -45,6 +50,7 @@ from plancache.artifacts.share import (
     MARKS_DIR,
     ArtifactStore,
     CompileSettings,
+    Fetched,
     Uploads,
     artifact_id,
     as_observation,
@@ -57,6 +63,7 @@ log = logging.getLogger("plancache.vllm")
 
 TARGET_MODULE = "vllm.compilation.decorators"
 LOADER = "_try_load_aot_compiled_fn"
+DECORATOR = "_support_torch_compile"
 MARK = "__plancache_wrapped__"
 
 uploads = Uploads()
@@ -143,6 +150,9 @@ def patch_decorators(module: ModuleType) -> bool:
     if getattr(original, MARK, False):
         return True
     setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
+    decorate = getattr(module, DECORATOR, None)
+    if callable(decorate):  # without it, the fetch starts at the first forward
+        setattr(module, DECORATOR, _wrap_decorator(decorate))
     _start_opening()  # importing a client library takes a while: before the first forward
     return True
 
@@ -194,36 +204,127 @@ def _before_load(model: Any, path: str) -> _Load | None:
     rank_dir = Path(path).parent
     attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
     _wrap_save(type(model))
+    prefetch = getattr(model, PREFETCH_ATTR, None)
+    fetched: Fetched | None
+    if isinstance(prefetch, _Prefetch) and prefetch.join() == (attempt.root, attempt.rank):
+        fetched = prefetch.fetched  # started when the model was built: overlapped its loading
+    else:
+        fetched = _prepare(attempt.root, attempt.key, attempt.rank)
+    if fetched is not None and fetched.reason == "hit" and fetched.manifest is not None:
+        attempt.manifest = fetched.manifest
+        aid = artifact_id(attempt.key, attempt.rank)
+        attempt.mark = breaker().arm(aid, as_observation(fetched.manifest))
+    return attempt
+
+
+def _prepare(root: Path, key: str, rank: str, prefetched: bool = False) -> Fetched | None:
+    """Recover this node's crash marks of (key, rank) (an avoided copy is removed), then
+    fetch and install the artifact if ``rank/model`` is missing. None when there is nothing
+    to fetch (vLLM's own copy serves) or no store."""
     artifacts = store()
     if artifacts is None:
         return None
-    aid = artifact_id(attempt.key, attempt.rank)
-    avoid = breaker().recover(_Retractor(artifacts, attempt.key, attempt.rank), aid)
+    aid = artifact_id(key, rank)
+    avoid = breaker().recover(_Retractor(artifacts, key, rank), aid)
+    rank_dir = root / rank
     if (rank_dir / "model").exists():
         installed = installed_manifest(rank_dir)
-        if installed is not None and as_observation(installed).digest in avoid:
-            log.warning(
-                "plancache: gate:crashed-before: compile artifact %s/%s: a boot on this node "
-                "died with it; removing it, vLLM compiles",
-                attempt.key[:12],
-                attempt.rank,
-            )
-            _remove(rank_dir)
-        else:
+        if installed is None or as_observation(installed).digest not in avoid:
             return None  # vLLM's own cache (or what an earlier boot installed) serves
-    fetched = artifacts.fetch(attempt.root, attempt.key, attempt.rank, avoid)
+        log.warning(
+            "plancache: gate:crashed-before: compile artifact %s/%s: a boot on this node "
+            "died with it; removing it, vLLM compiles",
+            key[:12],
+            rank,
+        )
+        _remove(rank_dir)
+    fetched = artifacts.fetch(root, key, rank, avoid)
     log.info(
-        "plancache: compile artifact %s/%s: %s%s (%.3f s)",
-        attempt.key[:12],
-        attempt.rank,
+        "plancache: compile artifact %s/%s: %s%s (%.3f s%s)",
+        key[:12],
+        rank,
         fetched.reason,
         f" from {fetched.source}" if fetched.source else "",
         fetched.seconds,
+        ", while the model loaded" if prefetched else "",
     )
-    if fetched.reason == "hit" and fetched.manifest is not None:
-        attempt.manifest = fetched.manifest
-        attempt.mark = breaker().arm(aid, as_observation(fetched.manifest))
-    return attempt
+    return fetched
+
+
+# -- the prefetch, when the model is built ---------------------------------------------------
+PREFETCH_ATTR = "_plancache_compile_prefetch"
+
+
+class _Prefetch:
+    """A fetch started when a ``support_torch_compile`` model was built, in a daemon thread:
+    it computes the artifact's path as vLLM will at the first forward, then ``_prepare``."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.where: tuple[Path, str] | None = None
+        self.fetched: Fetched | None = None
+        self.thread = threading.Thread(
+            target=self._run, name="plancache-compile-fetch", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.where = safely(_aot_path, self.model)
+        self.model = None  # no reference kept past the key
+        if self.where is not None:
+            root, rank = self.where
+            self.fetched = safely(_prepare, root, root.name, rank, True)
+
+    def join(self) -> tuple[Path, str] | None:
+        """Wait for the prefetch (at most the fetch bound); where it fetched for, or None if
+        it computed no path or is still running."""
+        self.thread.join(settings().fetch_timeout)
+        return None if self.thread.is_alive() else self.where
+
+
+def _aot_path(model: Any) -> tuple[Path, str] | None:
+    """(vLLM's ``<key>`` directory, ``rank_<r>_<dp>``) of ``model``, computed as vLLM's
+    ``support_torch_compile.__call__`` does (vllm 0.33 decorators.py ~l.560-585); None where
+    vLLM will not load an AOT artifact."""
+    import vllm.envs as envs
+    from vllm.compilation import decorators
+    from vllm.compilation.caching import aot_compile_hash_factors
+
+    if model.do_not_compile or not (model._allow_aot_compile and envs.VLLM_USE_AOT_COMPILE):
+        return None
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        return None
+    factors: list[str] = aot_compile_hash_factors(model.vllm_config)
+    factors.append(decorators._model_hash_key(model.forward))
+    key = hashlib.sha256(str(factors).encode()).hexdigest()
+    root = Path(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile", key)
+    parallel = model.vllm_config.parallel_config
+    return root, check_rank(f"rank_{parallel.rank}_{parallel.data_parallel_index}")
+
+
+def _wrap_decorator(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's ``_support_torch_compile``, whose classes start the prefetch once built."""
+
+    @functools.wraps(original)
+    def support(cls: type, *args: Any, **kwargs: Any) -> type:
+        out: type = original(cls, *args, **kwargs)
+        init = vars(out).get("__init__")  # set on the class by the decorator
+        if callable(init) and not getattr(init, MARK, False):
+
+            @functools.wraps(init)
+            def __init__(self: Any, *a: Any, **kw: Any) -> None:
+                init(self, *a, **kw)
+                if settings().enabled and not getattr(self, "do_not_compile", True):
+                    prefetch = safely(_Prefetch, self)
+                    if prefetch is not None:
+                        object.__setattr__(self, PREFETCH_ATTR, prefetch)
+
+            setattr(__init__, MARK, True)
+            out.__init__ = __init__  # type: ignore[misc]
+        return out
+
+    setattr(support, MARK, True)
+    return support
 
 
 def _after_load(attempt: _Load, loaded: Any, warnings: list[str]) -> Any:
