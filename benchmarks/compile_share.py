@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 NODE = REPO / "tests" / "vllm" / "compile_node.py"
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
-    r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s\)"
+    r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s[^)]*\)"
 )
 
 

@@ -182,6 +182,7 @@ def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
         assert report["loaded_from_disk"] and report["aot_loaded"] == 1, log[-3000:]
         assert report["aot_compiles"] == 0 and report["equal_eager"]
         assert "rank_0_0: hit from store" in log
+        assert "while the model loaded" in log  # fetched from the model's construction on
     assert len(list(LocalBlobs(cold.store).names())) == 1  # nothing uploaded after a load
 
 
