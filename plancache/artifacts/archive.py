@@ -28,6 +28,7 @@ import socket
 import stat
 import tarfile
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -164,11 +165,15 @@ def pack(
     producer: dict[str, object] | None = None,
     compress: bool = True,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    created_at: float | None = None,
 ) -> tuple[Manifest, Iterator[bytes]]:
-    """The manifest of ``root``'s files for ``rank`` (signed when ``keyring`` can sign) and
-    the stream of the artifact (compressed when asked and ``zstandard`` is importable)."""
+    """The manifest of ``root``'s files for ``rank`` (signed when ``keyring`` can sign;
+    ``created_at`` default: now) and the stream of the artifact (compressed when asked and
+    ``zstandard`` is importable)."""
     files = tuple(scan(root, key, rank, max_bytes=max_bytes))
     manifest = Manifest(key, rank, files, producer=producer or {}, labels=labels or {})
+    if created_at is not None:
+        manifest = replace(manifest, created_at=created_at)
     manifest = manifest.signed_with(keyring)
     chunks = tar_chunks(root, manifest)
     if compress and zstd_available():
