@@ -5,12 +5,14 @@ unique prefix of vLLM's key) or by its object name."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from plancache.artifacts import inventory
 from plancache.artifacts.blobs import Blobs
 from plancache.artifacts.inventory import ArtifactEntry
+from plancache.artifacts.manifest import parse_object_name
 from plancache.display import age, echo, plural, print_table, size, when
 from plancache.signing import Keyring, Verdict
 
@@ -18,9 +20,12 @@ KIND = "compile"
 """The KIND column of an artifact (plans are listed in their own table)."""
 
 
+_REF = re.compile(r"[0-9a-fA-F]{1,64}/rank_[0-9]{1,6}_[0-9]{1,6}")
+
+
 def is_ref(text: str) -> bool:
     """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name), not a plan."""
-    return "/" in text or text.startswith("compile_artifact_")
+    return bool(_REF.fullmatch(text.strip())) or parse_object_name(text) is not None
 
 
 def _ref(e: ArtifactEntry) -> str:
