@@ -1,58 +1,97 @@
-"""plancache: content-addressed vLLM startup plans, shared by a fleet through any store."""
+"""plancache: content-addressed vLLM startup plans, shared by a fleet through any store.
+
+The public names load on first use (PEP 562), so ``import plancache`` stays cheap: the vLLM
+plugin imports it in every process vLLM starts.
+"""
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from plancache.backends import open_store
-from plancache.cache import Decision, PlanCache, Recorded
 from plancache.errors import (
     ConfigError,
     InvalidPlanError,
     InvalidSignatureError,
     MissingExtraError,
-    PlanStoreConflict,
+    PlancacheError,
     PlanStoreConflictError,
     PlanStoreError,
-    PlanStoreNotFound,
     PlanStoreNotFoundError,
     PlanStorePermissionError,
     PlanStoreReadOnlyError,
-    PlanStoreUnavailable,
     PlanStoreUnavailableError,
     RankAgreementError,
-    ReadOnlyStoreError,
     UnknownSchemeError,
     UnsupportedSchemaError,
     UnsupportedStoreError,
+    deprecated_alias,
 )
-from plancache.fingerprint import fingerprint
-from plancache.gate import applicable_kv_cache_memory_bytes
-from plancache.plan import Plan
-from plancache.reasons import Reason, RecordReason
-from plancache.store import PlanStore, PutOutcome
+from plancache.fingerprint import fingerprint  # bound now: the submodule shares its name
+
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:
+    from plancache.backends import open_store
+    from plancache.cache import Decision, PlanCache, Recorded
+    from plancache.gate import Budget, applicable_kv_cache_memory_bytes
+    from plancache.observation import Observation
+    from plancache.plan import Plan
+    from plancache.reasons import Reason, RecordReason
+    from plancache.store import PlanStore, PutOutcome
+
+_LAZY = {
+    "open_store": "plancache.backends",
+    "Decision": "plancache.cache",
+    "PlanCache": "plancache.cache",
+    "Recorded": "plancache.cache",
+    "Budget": "plancache.gate",
+    "applicable_kv_cache_memory_bytes": "plancache.gate",
+    "Observation": "plancache.observation",
+    "Plan": "plancache.plan",
+    "Reason": "plancache.reasons",
+    "RecordReason": "plancache.reasons",
+    "PlanStore": "plancache.store",
+    "PutOutcome": "plancache.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    alias = deprecated_alias(name)
+    if alias is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return alias
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
+    "Budget",
     "ConfigError",
     "Decision",
     "InvalidPlanError",
     "InvalidSignatureError",
     "MissingExtraError",
+    "Observation",
     "Plan",
     "PlanCache",
     "PlanStore",
-    "PlanStoreConflict",
     "PlanStoreConflictError",
     "PlanStoreError",
-    "PlanStoreNotFound",
     "PlanStoreNotFoundError",
     "PlanStorePermissionError",
     "PlanStoreReadOnlyError",
-    "PlanStoreUnavailable",
     "PlanStoreUnavailableError",
+    "PlancacheError",
     "PutOutcome",
     "RankAgreementError",
-    "ReadOnlyStoreError",
     "Reason",
     "RecordReason",
     "Recorded",

@@ -191,7 +191,7 @@ class PlanCache:
     def lookup(
         self,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         *,
         budget: Budget | None = None,
         avoid: Collection[str] = (),
@@ -209,7 +209,7 @@ class PlanCache:
     def start_lookup(
         self,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         *,
         avoid: Collection[str] = (),
         budget: Budget | None = None,
@@ -224,10 +224,12 @@ class PlanCache:
     def retract(self, fingerprint: str, observation: Observation) -> bool:
         """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
         (``PlanStore.retract``; a read-only tiered store only touches its local tier). True
-        if the store answered; bounded by the time budget; never raises."""
+        if it was removed; False if the retraction changed nothing (no record, none holding
+        it, or a read-only store without a local tier) or the store failed, each logged as
+        such. Bounded by the time budget; never raises."""
         start = time.perf_counter()
         try:
-            _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
         except Exception as exc:
             reason, detail = _describe(exc)
             log.warning(
@@ -238,15 +240,25 @@ class PlanCache:
                 detail,
             )
             return False
+        from plancache.backends.tiered import TieredStore  # rarely needed: off the import
+
+        store = self.store
+        what, where = "retracted", f"from {store.url}"
+        if isinstance(store, TieredStore) and store.read_only and store.local is None:
+            what, where = "not retracted", f"({store.url} is read-only, with no local tier)"
+        elif not done.removed:
+            held = "no record of that key" if done.record is None else "no such observation"
+            what, where = "retract changed nothing", f"({store.url} holds {held})"
         log.warning(
-            "plancache: retracted fp=%s kv=%s baseline=%s from %s in %.1f ms",
+            "plancache: %s fp=%s kv=%s baseline=%s %s in %.1f ms",
+            what,
             _short(fingerprint),
             _gib(observation.kv_cache_memory_bytes),
             _gib(observation.free_memory_baseline),
-            self.store.url,
+            where,
             (time.perf_counter() - start) * 1e3,
         )
-        return True
+        return done.removed
 
     def record(
         self,
@@ -305,7 +317,7 @@ class PendingLookup:
         self,
         cache: PlanCache,
         factors: Mapping[str, Scalar],
-        current_free_memory: object,
+        current_free_memory: int,
         avoid: Collection[str] = (),
         budget: Budget | None = None,
     ) -> None:

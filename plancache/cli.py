@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import re
 import sys
@@ -35,7 +34,7 @@ from plancache.commands import (
     cmd_stats,
     cmd_verify,
 )
-from plancache.config import parse_storage_options
+from plancache.config import parse_seconds, parse_storage_options
 from plancache.defaults import MAX_SECONDS
 from plancache.display import echo
 from plancache.errors import ConfigError, PlanStoreError
@@ -54,7 +53,8 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _OPTION_ARGS = ("storage_options", "src_opts", "dst_opts")
 _DEBUG_HELP = "show the traceback of an error"
 _TIMEOUT_HELP = (
-    f"most time the whole command may take: seconds, or 10m, 2h (default: {DEFAULT_TIMEOUT_S:g})"
+    f"most time the whole command may take: seconds, or 90s, 10m (at most {MAX_SECONDS:g}; "
+    f"default: {DEFAULT_TIMEOUT_S:g})"
 )
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
@@ -85,14 +85,16 @@ def parse_duration(text: str) -> float:
 
 
 def parse_timeout(text: str) -> float:
-    """``90``, ``90s``, ``10m`` or ``2h`` as a positive number of seconds (argparse type)."""
+    """``90``, ``90s`` or ``10m`` as seconds in the range of every time setting
+    (``plancache.config.parse_seconds``: at most ``MAX_SECONDS``); argparse type, so that
+    anything else (``nan``, ``inf``, ``0``, ``1e10``) is a usage error."""
+    number = text
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        number = str(parse_duration(text))
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = parse_duration(text)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive time bound")
-    return seconds
+        return parse_seconds(number)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _scrub(message: str, args: argparse.Namespace) -> str:

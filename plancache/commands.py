@@ -32,7 +32,13 @@ from plancache.artifacts.blobs import Blobs, blobs_for
 from plancache.backends import open_store
 from plancache.backends.lazy import open_lazily
 from plancache.backends.local import LocalStore
-from plancache.config import Settings, is_remote, keyring_from_env, parse_storage_options
+from plancache.config import (
+    Settings,
+    is_remote,
+    keyring_from_env,
+    parse_storage_options,
+    read_key_file,
+)
 from plancache.display import (
     Progress,
     age,
@@ -116,12 +122,8 @@ def _keyring(args: argparse.Namespace) -> Keyring:
         if name is None:
             args.keyring = keyring_from_env()
         else:
-            try:
-                text = Path(name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                why = exc.strerror if isinstance(exc, OSError) else None
-                raise CliError(f"cannot read --keys-file {name}: {why or 'not text'}") from None
-            args.keyring = Keyring(verify_keys=parse_keys(text, "--keys-file"))
+            text = read_key_file(name, "--keys-file")
+            args.keyring = Keyring(verify_keys=parse_keys(text, "--keys-file", comments=True))
     keyring: Keyring = args.keyring
     return keyring
 

@@ -10,18 +10,21 @@
 - ``PLANCACHE_SIGNING_KEY`` or ``PLANCACHE_SIGNING_KEY_FILE``: the key that signs what this
   node writes; ``PLANCACHE_VERIFY_KEYS`` or ``PLANCACHE_VERIFY_KEYS_FILE``: further keys whose
   signatures are accepted (rotation). With any key, only validly signed records are applied
-  (see ``plancache.signing``).
+  (see ``plancache.signing``). A key variable that is set (even empty) but holds no key is a
+  ``ConfigError``, never "no signing"; ``#`` starts a comment in key files only
+  (``read_key_file``: regular files of at most ``MAX_KEY_FILE_BYTES``).
 
 fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itself.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -32,6 +35,11 @@ from plancache.errors import ConfigError
 from plancache.redaction import redact, without_userinfo
 from plancache.signing import NO_KEYS, Keyring, parse_keys
 from plancache.store import PlanStore
+
+log = logging.getLogger("plancache")
+
+MAX_KEY_FILE_BYTES = 64 * 1024
+"""Largest key file read (a key of ``openssl rand -hex 32`` is 64 bytes)."""
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -47,17 +55,26 @@ def parse_bool(name: str, value: str) -> bool:
     raise ConfigError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
 
 
-def parse_timeout(name: str, value: str) -> float:
-    """A number of seconds in (0, ``MAX_SECONDS``]; else ``ConfigError``."""
+def parse_seconds(text: str) -> float:
+    """``text`` as a number of seconds in (0, ``MAX_SECONDS``], the range of every time
+    setting (``PLANCACHE_TIMEOUT``, ``plancache --timeout``); else ``ConfigError`` saying
+    what is expected."""
     try:
-        t = float(value)
+        t = float(text)
     except ValueError:
-        raise ConfigError(f"{name}={value!r}: expected seconds as a number") from None
+        raise ConfigError("expected seconds as a number") from None
     if not (math.isfinite(t) and 0 < t <= MAX_SECONDS):
-        raise ConfigError(
-            f"{name}={value!r}: expected a positive number of seconds, at most {MAX_SECONDS:g}"
-        )
+        raise ConfigError(f"expected a positive number of seconds, at most {MAX_SECONDS:g}")
     return t
+
+
+def parse_timeout(name: str, value: str) -> float:
+    """Variable ``name``'s ``value`` as seconds (``parse_seconds``); else ``ConfigError``
+    naming it."""
+    try:
+        return parse_seconds(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}={value!r}: {exc}") from None
 
 
 def parse_storage_options(text: str, source: str) -> dict[str, Any]:
@@ -72,25 +89,62 @@ def parse_storage_options(text: str, source: str) -> dict[str, Any]:
     return options
 
 
-def _keys(env: Mapping[str, str], name: str) -> list[str]:
-    """The keys in variable ``name``, or in the file ``{name}_FILE`` names (not both)."""
-    value, path = env.get(name, ""), env.get(f"{name}_FILE", "").strip()
-    if value.strip() and path:
-        raise ConfigError(f"set {name} or {name}_FILE, not both")
-    if not path:
-        return parse_keys(value, name)
+def read_key_file(path: str, source: str) -> str:
+    """The text of the key file at ``path``, which ``source`` (a variable or option) names:
+    a regular file (links are followed: Kubernetes mounts secrets through them) of at most
+    ``MAX_KEY_FILE_BYTES``, opened without blocking, so that a FIFO or a device is refused at
+    once, never waited on or read without end. A file that users other than its owner may
+    read or write (group or other permission bits) is read, with a warning. Else
+    ``ConfigError`` naming ``source`` and ``path``, never the content."""
+    where = f"{source} {path!r}"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConfigError(f"{name}_FILE={path!r}: cannot read it: {why}") from None
-    return parse_keys(text, f"{name}_FILE")
+        with os.fdopen(os.open(os.path.expanduser(path), flags), "rb") as file:
+            st = os.fstat(file.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"cannot read {where}: not a regular file")
+            data = file.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    if st.st_mode & 0o077:
+        log.warning(
+            "plancache: %s can be read or written by users other than its owner (mode %04o); "
+            "make it 0600 or 0400",
+            where,
+            stat.S_IMODE(st.st_mode),
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read {where}: not UTF-8 text") from None
+
+
+def _keys(env: Mapping[str, str], name: str) -> list[str]:
+    """The keys in variable ``name``, or in the file ``{name}_FILE`` names (not both); none
+    if neither is set. One that is set (even empty) but holds no key is a ``ConfigError``:
+    a mistyped key never turns signing off."""
+    value, path = env.get(name), env.get(f"{name}_FILE")
+    if value is not None and path is not None:
+        raise ConfigError(f"set {name} or {name}_FILE, not both")
+    if value is not None:
+        source, keys = name, parse_keys(value, name)
+    elif path is not None:
+        source = f"{name}_FILE"
+        keys = parse_keys(read_key_file(path.strip(), source), source, comments=True)
+    else:
+        return []
+    if not keys:
+        note = " (in a key file, # starts a comment)" if path else ""
+        raise ConfigError(f"{source} is set but holds no key{note}; unset it to run without keys")
+    return keys
 
 
 def keyring_from_env(environ: Mapping[str, str] | None = None) -> Keyring:
     """The keys ``PLANCACHE_SIGNING_KEY[_FILE]`` and ``PLANCACHE_VERIFY_KEYS[_FILE]`` hold
     (``NO_KEYS`` when none is set); ``ConfigError`` naming the variable, never the key, for a
-    malformed or unreadable one."""
+    malformed, empty or unreadable one."""
     env = os.environ if environ is None else environ
     signing = _keys(env, "PLANCACHE_SIGNING_KEY")
     if len(signing) > 1:

@@ -1,14 +1,22 @@
 """Every exception plancache raises on purpose, in one flat family (pure).
 
+Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches all of them.
 All store failures are ``PlanStoreError`` subclasses that keep their ``cause``; bad input is
 a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``).
-The names without the ``Error`` suffix are aliases kept for one release.
+The 0.1.0 names without the ``Error`` suffix still resolve, with a ``DeprecationWarning``,
+for one more release.
 """
 
 from __future__ import annotations
 
+import warnings
 
-class PlanStoreError(Exception):
+
+class PlancacheError(Exception):
+    """The base of every exception plancache raises on purpose."""
+
+
+class PlanStoreError(PlancacheError):
     """A store could not be used (transport, permission, configuration). Keeps ``cause``."""
 
     def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
@@ -50,7 +58,7 @@ class MissingExtraError(UnsupportedStoreError):
     """The scheme's client library is not installed; the message names the pip extra."""
 
 
-class InvalidPlanError(ValueError):
+class InvalidPlanError(PlancacheError, ValueError):
     """A record breaks a rule of the plan format; it is never applied."""
 
 
@@ -62,21 +70,44 @@ class InvalidSignatureError(InvalidPlanError):
 
 class UnsupportedSchemaError(InvalidPlanError):
     """A record of another schema version (e.g. from a newer plancache): never applied, never
-    overwritten or deleted by this version; a miss for the cache."""
+    overwritten or deleted by this version, unless keys are configured and none of them signed
+    it (``Keyring.check_foreign``); a miss for the cache."""
 
 
-class ConfigError(ValueError):
+class ConfigError(PlancacheError, ValueError):
     """A setting (environment variable, option) holds a value plancache cannot use."""
 
 
-class RankAgreementError(RuntimeError):
+class RankAgreementError(PlancacheError, RuntimeError):
     """The vLLM plugin's ranks could not vote on the KV-cache plan (a peer never came within
     the process group's timeout, or the group broke): the boot stops, since going on could
     leave ranks on different paths."""
 
 
-# Aliases of plancache 0.1.0's names, kept for one release.
-PlanStoreUnavailable = PlanStoreUnavailableError
-PlanStoreNotFound = PlanStoreNotFoundError
-PlanStoreConflict = PlanStoreConflictError
-ReadOnlyStoreError = PlanStoreReadOnlyError
+DEPRECATED_ALIASES = {
+    "PlanStoreUnavailable": "PlanStoreUnavailableError",
+    "PlanStoreNotFound": "PlanStoreNotFoundError",
+    "PlanStoreConflict": "PlanStoreConflictError",
+    "ReadOnlyStoreError": "PlanStoreReadOnlyError",
+}
+"""plancache 0.1.0's error names and the names that replaced them."""
+
+
+def deprecated_alias(name: str) -> type[PlancacheError] | None:
+    """The class an old error name stands for, with a ``DeprecationWarning``; None if
+    ``name`` is no such alias."""
+    new = DEPRECATED_ALIASES.get(name)
+    if new is None:
+        return None
+    warnings.warn(
+        f"plancache.{name} is deprecated: use plancache.{new}", DeprecationWarning, stacklevel=3
+    )
+    cls: type[PlancacheError] = globals()[new]
+    return cls
+
+
+def __getattr__(name: str) -> type[PlancacheError]:
+    cls = deprecated_alias(name)
+    if cls is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return cls

@@ -36,6 +36,8 @@ def check_scalar(what: str, value: object) -> None:
     """``InvalidPlanError`` naming ``what`` unless ``value`` is an exact scalar that encodes
     the same everywhere: a finite float, an int orjson encodes, a str, a bool or None."""
     kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return
     if kind not in SCALAR_TYPES:
         raise InvalidPlanError(f"{what} must be str, int, float, bool or None, not {kind.__name__}")
     if kind is float and not math.isfinite(value):  # type: ignore[arg-type]
@@ -54,8 +56,17 @@ def check_factors(factors: object) -> dict[str, Scalar]:
     for key, value in out.items():
         if type(key) is not str:
             raise InvalidPlanError(f"factor names must be strings, got {key!r}")
-        check_scalar(f"factor {key!r}", value)
+        if type(value) is not str:  # the common case needs no further check
+            check_scalar(f"factor {key!r}", value)
     return out
+
+
+def checked_fingerprint(factors: object) -> tuple[dict[str, Scalar], str]:
+    """(``factors`` as a checked dict, their fingerprint), checking them once; raises
+    ``InvalidPlanError`` like :func:`fingerprint`."""
+    checked = check_factors(factors)
+    key = hashlib.sha256(orjson.dumps(checked, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return checked, key
 
 
 def canonical(factors: Mapping[str, Scalar]) -> bytes:
@@ -68,7 +79,7 @@ def fingerprint(factors: Mapping[str, Scalar]) -> str:
 
     Raises ``InvalidPlanError`` (a ``ValueError``) for factors that cannot be encoded.
     """
-    return hashlib.sha256(canonical(factors)).hexdigest()
+    return checked_fingerprint(factors)[1]
 
 
 def validate_key(key: object) -> str:

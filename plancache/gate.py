@@ -34,8 +34,8 @@ class Budget:
     applies). A figure that is not an int (bool is not), a ``requested_memory`` <= 0 or a
     ``weights_memory`` < 0 is doubt: nothing is applied (``gate:budget-unknown``)."""
 
-    requested_memory: object = None
-    weights_memory: object = None
+    requested_memory: int | None = None
+    weights_memory: int | None = None
 
     def limit(self) -> int | None:
         """The largest plausible KV size (may be <= 0: nothing fits); None when unchecked.
@@ -52,7 +52,7 @@ class Budget:
 
 def gate(
     plan: Plan,
-    current_free_memory: object,
+    current_free_memory: int,
     budget: Budget | None = None,
     avoid: Collection[str] = (),
 ) -> tuple[Observation | None, Reason]:
@@ -96,7 +96,7 @@ def implausible(plan: Plan, budget: Budget | None) -> list[Observation]:
     return [o for o in plan.observations if o.kv_cache_memory_bytes > limit]
 
 
-def applicable_kv_cache_memory_bytes(plan: Plan, current_free_memory: object) -> int | None:
+def applicable_kv_cache_memory_bytes(plan: Plan, current_free_memory: int) -> int | None:
     """The KV-cache bytes to apply, or None when no observation may be applied (``gate``)."""
     best, _ = gate(plan, current_free_memory)
     return None if best is None else best.kv_cache_memory_bytes

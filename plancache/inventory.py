@@ -2,13 +2,16 @@
 
 Every function reads the store it is given, as it is, and reports in plain values; none
 prints. Store failures raise ``PlanStoreError``; a prefix that names no plan, or more than
-one, raises ``ValueError``. Records of another schema version are reported, never judged,
-overwritten or deleted. Reads and writes run on a few threads (store I/O is latency bound).
+one, raises ``ValueError``. Records of another schema version are reported, never judged
+by the format's rules, overwritten or deleted, except where the store's keys reject their
+signature. Reads and writes run on a few threads (store I/O is latency bound).
 
 Signatures are judged with the store's keyring (``PlanStore.keyring``): where it holds keys,
 a record without a valid signature from an accepted key is *rejected* (``Entry.rejected``):
 listed, reported by ``verify(require_signature=True)``, and never copied or pruned (a
-signing store would sign what no accepted key vouched for).
+signing store would sign what no accepted key vouched for). A record of another schema is
+judged by the rule every schema keeps (``Keyring.check_foreign``); one that is rejected is
+reported and deleted by ``verify(require_signature=True, fix=True)`` like any other.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ class Entry:
     plan: Plan | None
     error: str | None = None
     other_schema: bool = False
-    """A record of another schema version: not this version's to judge or delete."""
+    """A record of another schema version: not this version's to judge or delete, unless
+    the store's keys reject it."""
     rejected: str | None = None
-    """Why the store's keys reject the plan's signature; None when they accept it or the
-    store holds no keys."""
+    """Why the store's keys reject the record's signature (a plan's, or another schema's
+    record's); None when they accept it or the store holds no keys."""
 
     @property
     def invalid(self) -> bool:
@@ -107,8 +111,14 @@ def read_entry(store: PlanStore, fp: str) -> Entry | None:
         return None
     try:
         plan = Plan.decode(raw, expected_fingerprint=fp)
+    except UnsupportedSchemaError as exc:
+        try:
+            store.keyring.check_foreign(raw)
+        except InvalidSignatureError as why:
+            return Entry(fp, raw, None, str(exc), True, rejected=f"{why} ({exc})")
+        return Entry(fp, raw, None, str(exc), True)
     except InvalidPlanError as exc:
-        return Entry(fp, raw, None, str(exc), isinstance(exc, UnsupportedSchemaError))
+        return Entry(fp, raw, None, str(exc))
     try:
         store.keyring.check(plan)
     except InvalidSignatureError as exc:
@@ -178,7 +188,7 @@ class Verification:
     """This version's invalid records (and rejected ones, where signatures are required), in
     fingerprint order."""
     other_schema: list[Entry]
-    """Records of another schema version: reported, kept."""
+    """Records of another schema version that are not findings: reported, kept."""
 
     @property
     def deleted(self) -> int:
@@ -208,7 +218,8 @@ def verify(store: PlanStore, *, fix: bool = False, require_signature: bool = Fal
             else:
                 outcome = Fix.NOW_VALID
         findings.append(Finding(e, outcome))
-    return Verification(len(entries), findings, [e for e in entries if e.other_schema])
+    kept = [e for e in entries if e.other_schema and not bad(e)]
+    return Verification(len(entries), findings, kept)
 
 
 @dataclass(frozen=True)
@@ -358,7 +369,7 @@ def prune(
         temps = store.remove_stale_temp_files(dry_run=dry_run)
         marks = Breaker.for_dir(store.root).clean(older_than, dry_run=dry_run)
     invalid = sum(e.plan is None for e in entries)
-    rejected = sum(e.rejected is not None for e in entries)
+    rejected = sum(e.plan is not None and e.rejected is not None for e in entries)
     return Pruning(pruned, dropped, ahead, deleted, temps, marks, invalid, rejected)
 
 

@@ -20,10 +20,20 @@ its latest retraction time; past ``MAX_TOMBSTONES`` the ones retracted longest a
 ties by digest) and removes every observation a kept tombstone names before taking the
 frontier. So a retracted observation never comes back through the merge of an older copy (a
 node's local tier, ``plancache cp`` from a stale directory) while its tombstone is kept.
+A tombstone dated more than ``MAX_CLOCK_SKEW_S`` after the merging node's clock is dropped,
+never ranked (``Tombstone.believable``): a clock that far ahead, or a planted date up to year
+9999, would otherwise outrank every real retraction for good. A retraction (``retract``)
+always takes effect: its own tombstone is kept even where the record holds ``MAX_TOMBSTONES``
+that rank higher (the lowest-ranked one makes room); it stays until ``MAX_TOMBSTONES``
+tombstones dated later evict it.
+
 With tombstones the merge stays commutative and idempotent; it stays associative unless a
 tombstone names a point that dominated another: a merge that ran before the retraction had
 already dropped the dominated point, and the retraction does not bring it back (the record is
-then smaller, never wrong).
+then smaller, never wrong). The skew bound depends on the clock: for one ``now`` these laws
+hold on the records it accepts (a record carrying tombstones past the bound merges with itself
+into that record without them; one holding nothing else is invalid, ``Plan.decode``); as the
+clock advances the bound only admits more, so records merged at different times converge.
 """
 
 from __future__ import annotations
@@ -101,12 +111,15 @@ def merge_labels(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> dict[str, 
 
 
 def tombstones(
-    retracted: Iterable[Tombstone], bound: int = MAX_TOMBSTONES
+    retracted: Iterable[Tombstone], bound: int = MAX_TOMBSTONES, *, now: float | None = None
 ) -> tuple[Tombstone, ...]:
     """The union of tombstones, one per digest (its latest retraction), the ``bound`` most
-    recently retracted ones, sorted by digest. A function of the set alone."""
+    recently retracted ones, sorted by digest; those not ``believable`` at ``now`` (default:
+    the current time) are dropped first. For one ``now``, a function of the set alone."""
     latest: dict[str, Tombstone] = {}
     for t in retracted:
+        if not t.believable(now):
+            continue
         old = latest.get(t.observation)
         if old is None or (t.retracted_at, t.created_at) > (old.retracted_at, old.created_at):
             latest[t.observation] = t
@@ -114,13 +127,14 @@ def tombstones(
     return tuple(sorted(kept, key=lambda t: t.observation))
 
 
-def merge(stored: Plan, new: Plan) -> Plan:
-    """The record that holds both: the union of their tombstones, the frontier of their
-    observations that no tombstone names, and their labels merged. Commutative and
-    idempotent; ``ValueError`` for records of different keys."""
+def merge(stored: Plan, new: Plan, *, now: float | None = None) -> Plan:
+    """The record that holds both: the union of their tombstones (``tombstones``, judged at
+    ``now``, default the current time), the frontier of their observations that no kept
+    tombstone names, and their labels merged. Commutative and idempotent (see the module
+    docstring); ``ValueError`` for records of different keys."""
     if stored.fingerprint != new.fingerprint:
         raise ValueError("cannot merge records of different fingerprints")
-    tombs = tombstones((*stored.retracted, *new.retracted))
+    tombs = tombstones((*stored.retracted, *new.retracted), now=now)
     dead = {t.observation for t in tombs}
     alive = (o for o in (*stored.observations, *new.observations) if o.digest not in dead)
     return Plan(
@@ -132,10 +146,20 @@ def merge(stored: Plan, new: Plan) -> Plan:
     )
 
 
-def retract(plan: Plan, observation: Observation, at: float) -> Plan:
-    """``plan`` without ``observation`` and with its tombstone (retracted at ``at``), which
-    is added even when the record does not hold it, so that no later merge brings it in."""
-    return merge(
-        plan,
-        Plan(plan.fingerprint, plan.factors, (), retracted=(Tombstone.of(observation, at),)),
+def retract(plan: Plan, observation: Observation, at: float, *, now: float | None = None) -> Plan:
+    """``plan`` without ``observation`` and with its tombstone (retracted at ``at``). The
+    tombstone is added even when the record does not hold the observation, so that no later
+    merge brings it in, and it is always kept: where ``MAX_TOMBSTONES`` others rank higher,
+    the lowest-ranked of them makes room. Other tombstones are judged at ``now`` as in
+    ``merge``."""
+    mine = Tombstone.of(observation, at)
+    tombs = tombstones((*plan.retracted, mine), now=now)
+    if mine.observation not in {t.observation for t in tombs}:
+        tombs = (*tombstones(plan.retracted, MAX_TOMBSTONES - 1, now=now), mine)
+    return Plan(
+        plan.fingerprint,
+        plan.factors,
+        tuple(o for o in plan.observations if o.digest != mine.observation),
+        plan.labels,
+        retracted=tuple(sorted(tombs, key=lambda t: t.observation)),
     )

@@ -21,7 +21,8 @@ Tombstones (``retracted``): a retracted observation is removed from the record a
 tombstone (its digest, its ``created_at`` and when it was retracted), so that merging an older
 copy never brings it back (see ``plancache.merge``). A record whose every observation was
 retracted keeps its tombstones and no observation: it applies nowhere, and it still removes
-the retracted observations from whatever is merged into it.
+the retracted observations from whatever is merged into it. Tombstones dated more than
+``MAX_CLOCK_SKEW_S`` ahead of the reader's clock are ignored (``Tombstone.believable``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,14 @@ from typing import Any
 import orjson
 
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
-from plancache.fingerprint import Scalar, check_factors, check_scalar, fingerprint
-from plancache.observation import OBSERVATION_FIELDS, Observation, Tombstone, is_hex
+from plancache.fingerprint import Scalar, check_scalar, checked_fingerprint, fingerprint
+from plancache.observation import (
+    MAX_CLOCK_SKEW_S,
+    OBSERVATION_FIELDS,
+    Observation,
+    Tombstone,
+    is_hex,
+)
 
 SCHEMA = 2
 """The schema this version writes."""
@@ -56,6 +63,7 @@ MAX_LABEL_NAME = 64
 MAX_LABEL_TEXT = 256
 
 _KEY_END = re.compile(rb'"\s*:')
+_QUOTE_BLANKS = tuple(b'"' + c for c in (b" ", b"\t", b"\n", b"\r", b"\f", b"\v"))
 
 
 def _labels(value: object) -> Mapping[str, Scalar]:
@@ -129,8 +137,8 @@ class Plan:
     def __post_init__(self) -> None:
         if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
             raise InvalidPlanError(f"unsupported schema {self.schema!r} (expected {SCHEMA})")
-        factors = check_factors(self.factors)
-        if not isinstance(self.fingerprint, str) or self.fingerprint != fingerprint(factors):
+        factors, key = checked_fingerprint(self.factors)
+        if not isinstance(self.fingerprint, str) or self.fingerprint != key:
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
         obs = self.observations
         if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
@@ -256,7 +264,9 @@ class Plan:
         return data
 
     @classmethod
-    def decode(cls, data: bytes, *, expected_fingerprint: str | None = None) -> Plan:
+    def decode(
+        cls, data: bytes, *, expected_fingerprint: str | None = None, now: float | None = None
+    ) -> Plan:
         """Parse and validate a record. Raises only :class:`InvalidPlanError`.
 
         ``expected_fingerprint`` (the key the record was read under) must match the body.
@@ -264,6 +274,8 @@ class Plan:
         carried, not checked); duplicate keys are invalid; a schema-1 record
         is read as a one-point frontier; another integer ``schema`` raises
         :class:`UnsupportedSchemaError` (a miss for the cache; stores never overwrite it).
+        A record without observations whose every tombstone is dated too far ahead of
+        ``now`` to be believed (``Tombstone.believable``) holds nothing: invalid.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
@@ -298,7 +310,7 @@ class Plan:
         signature = None
         if schema == SCHEMA and "signature" in obj:
             signature = Signature.from_dict(obj["signature"])
-        return cls(
+        plan = cls(
             obj["fingerprint"],
             obj["factors"],
             observations,
@@ -307,6 +319,12 @@ class Plan:
             tuple(Tombstone.from_dict(t) for t in tombs),
             signature,
         )
+        if not (plan.observations or any(t.believable(now) for t in plan.retracted)):
+            raise InvalidPlanError(
+                "record holds no observation and only tombstones dated more than "
+                f"{MAX_CLOCK_SKEW_S:g} s ahead"
+            )
+        return plan
 
 
 _FIELDS = ("schema", "fingerprint", "factors", "observations")
@@ -340,6 +358,15 @@ def _loads(data: bytes) -> object:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise InvalidPlanError(f"record is not valid JSON: {exc}") from None
-    if isinstance(obj, (dict, list)) and len(_KEY_END.findall(data)) != _key_count(obj):
+    if isinstance(obj, (dict, list)) and _key_ends(data) != _key_count(obj):
         _reject_duplicate_keys(data)  # more `":` than keys: a string holds one, or a key repeats
     return obj
+
+
+def _key_ends(data: bytes) -> int:
+    """How many places in ``data`` look like a key's end (a quote, maybe blanks, a colon): at
+    least the number of keys written, duplicates included. Without a quote followed by a
+    blank (as every record plancache writes), a plain count finds them all."""
+    if any(blank in data for blank in _QUOTE_BLANKS):
+        return len(_KEY_END.findall(data))
+    return data.count(b'":')

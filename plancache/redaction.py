@@ -1,16 +1,21 @@
 """Keeping secrets out of every message, ``repr`` and log line plancache writes (pure).
 
 Two layers: where the storage options are known, their secret values are masked wherever
-they appear (:func:`secret_values`, :func:`scrub`); everywhere, URL user information and the
-values of secret-looking URL query parameters are masked too (``access_token=...``,
-``X-Amz-Signature=...``, ``sig=...``), whatever produced the text.
+they appear (:func:`secret_values`, :func:`scrub`), with the Basic-auth encodings of URL user
+information (the object-store backends add the credentials their client resolved itself);
+everywhere, URL user information and the values of secret-looking URL query parameters are
+masked too (``access_token=...``, ``X-Amz-Signature=...``, ``sig=...``), whatever produced
+the text.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 SECRET_WORDS = (
     "secret",
@@ -75,13 +80,25 @@ def secret_values(options: Mapping[str, Any]) -> Iterator[str]:
 
 
 def url_secrets(url: str) -> Iterator[str]:
-    """The user information of ``url`` (``user:password``, and the password alone)."""
+    """The user information of ``url`` (``user:password``, and the password alone), as
+    written and percent-decoded, and the Basic-auth encodings of it that an HTTP client
+    sends for such a URL (``base64(user:password)``)."""
     for match in _USERINFO.finditer(url):
-        userinfo = match.group()[:-1]
-        password = userinfo.partition(":")[2]
-        for secret in (userinfo, password):
-            if len(secret) >= MIN_SECRET_LENGTH:
-                yield secret
+        for userinfo in {match.group()[:-1], unquote(match.group()[:-1])}:
+            user, _, password = userinfo.partition(":")
+            for secret in (userinfo, password, *basic_auth(user, password)):
+                if len(secret) >= MIN_SECRET_LENGTH:
+                    yield secret
+
+
+def basic_auth(user: str, password: str) -> set[str]:
+    """The ``Authorization: Basic`` credentials of ``user`` and ``password``, in the
+    encodings clients use (latin-1, as aiohttp does, and UTF-8)."""
+    pair = f"{user}:{password}"
+    out = {base64.b64encode(pair.encode()).decode()}
+    with contextlib.suppress(UnicodeEncodeError):
+        out.add(base64.b64encode(pair.encode("latin-1")).decode())
+    return out
 
 
 def scrub(message: str, secrets: Iterable[str] = ()) -> str:

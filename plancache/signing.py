@@ -2,10 +2,10 @@
 
 A signature is the HMAC-SHA256 of a record's canonical encoding without its signature
 (``Plan.payload``) under a secret key, stored in the record with the key's id
-(``Plan.signature``). A key is a string of at least ``MIN_KEY_CHARS`` characters without
-whitespace or commas (``openssl rand -hex 32`` makes one); its id is derived from it
-(``key_id``: 16 hex digits of an HMAC of a fixed text under the key), so no name has to be
-given and two different keys get different ids.
+(``Plan.signature``). A key is a string of at least ``MIN_KEY_CHARS`` printable ASCII
+characters other than spaces and commas (``openssl rand -hex 32`` makes one); its id is
+derived from it (``key_id``: 16 hex digits of an HMAC of a fixed text under the key), so no
+name has to be given and two different keys get different ids.
 
 A ``Keyring`` holds an optional signing key and the accepted keys (the verify keys and the
 signing key). Every store has one (``PlanStore.keyring``; ``NO_KEYS`` by default), and the
@@ -23,6 +23,11 @@ store's merge loop follows these rules through it:
   a signed record, which keeps its signature. Such a writer never replaces a signed record by
   one it cannot vouch for (``may_replace``): its put keeps the signed record and writes
   nothing, and its rewrite (retract, prune) raises ``PlanStorePermissionError``.
+- A record of another schema (a newer plancache's) is judged by the rule every schema keeps
+  (``check_foreign``): a ``signature`` whose HMAC covers the canonical encoding of the whole
+  record without it. Only a write that an accepted key vouches for replaces such a record,
+  and only when no accepted key vouches for it (``displaces``); without keys it is never
+  replaced.
 
 Keys appear in no ``repr``, message or log line; only their ids do.
 """
@@ -35,13 +40,15 @@ import hmac
 import re
 from collections.abc import Iterable
 
-from plancache.errors import ConfigError, InvalidSignatureError
+import orjson
+
+from plancache.errors import ConfigError, InvalidPlanError, InvalidSignatureError
 from plancache.plan import KEY_ID_CHARS, Plan, Signature
 
 MIN_KEY_CHARS = 16
 """Shortest key accepted."""
 _KEY_ID_TEXT = b"plancache key id"
-_SEPARATORS = re.compile(r"[\s,]+")
+_SEPARATORS = re.compile(r"[\s,]+", re.ASCII)
 
 
 class Verdict(enum.StrEnum):
@@ -63,18 +70,30 @@ def key_id(key: str) -> str:
     return mac[:KEY_ID_CHARS]
 
 
-def parse_keys(text: str, source: str) -> list[str]:
-    """The keys in ``text`` (the value of ``source``, a variable or file): separated by
-    whitespace, commas or newlines; lines starting with ``#`` are comments. Raises
-    ``ConfigError`` naming ``source`` and the key's position, never the key."""
-    lines = (line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    keys = [k for line in lines for k in _SEPARATORS.split(line) if k]
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a key (never quoting it), or None if it can."""
+    if not (key.isascii() and key.isprintable()) or _SEPARATORS.search(key):
+        return "holds whitespace, a comma or a character that is not printable ASCII"
+    if len(key) < MIN_KEY_CHARS:
+        return f"has {len(key)} characters; a key has at least {MIN_KEY_CHARS}"
+    return None
+
+
+def parse_keys(text: str, source: str, *, comments: bool = False) -> list[str]:
+    """The keys in ``text`` (the value of ``source``, a variable or file): separated by ASCII
+    whitespace or commas. With ``comments`` (key files), a word that starts with ``#`` begins
+    a comment that runs to the end of its line; elsewhere ``#`` is a key character like any
+    other. Raises ``ConfigError`` naming ``source`` and the key's position, never the key."""
+    keys: list[str] = []
+    for line in text.split("\n"):
+        for word in filter(None, _SEPARATORS.split(line)):
+            if comments and word.startswith("#"):
+                break
+            keys.append(word)
     for n, key in enumerate(keys, 1):
-        if len(key) < MIN_KEY_CHARS:
-            raise ConfigError(
-                f"{source}: key {n} has {len(key)} characters; a key has at least "
-                f"{MIN_KEY_CHARS} (make one with `openssl rand -hex 32`)"
-            )
+        problem = key_problem(key)
+        if problem is not None:
+            raise ConfigError(f"{source}: key {n} {problem} (make one with `openssl rand -hex 32`)")
     return keys
 
 
@@ -89,15 +108,14 @@ class Keyring:
     __slots__ = ("_keys", "_signing")
 
     def __init__(self, signing_key: str | None = None, verify_keys: Iterable[str] = ()) -> None:
-        """Raises ``ConfigError`` (without the key) for a key shorter than ``MIN_KEY_CHARS``
-        or holding whitespace or commas."""
+        """Raises ``ConfigError`` (without the key) for a key that ``key_problem`` rejects."""
         keys = [] if signing_key is None else [signing_key]
         keys += list(verify_keys)
         for key in keys:
-            if len(key) < MIN_KEY_CHARS or _SEPARATORS.search(key):
+            if key_problem(key) is not None:
                 raise ConfigError(
-                    f"a signing key has at least {MIN_KEY_CHARS} characters and no whitespace "
-                    "or commas"
+                    f"a signing key is at least {MIN_KEY_CHARS} printable ASCII characters, "
+                    "without spaces or commas"
                 )
         self._keys = {key_id(k): k.encode() for k in keys}
         self._signing = None if signing_key is None else key_id(signing_key)
@@ -151,25 +169,30 @@ class Keyring:
     def verdict(self, plan: Plan) -> Verdict:
         """What this keyring makes of ``plan``'s signature (``UNKNOWN_KEY`` for any
         signature when it holds no key)."""
-        sig = plan.signature
+        return self._verdict(plan.signature, plan.payload())
+
+    def _verdict(self, sig: Signature | None, payload: bytes) -> Verdict:
         if sig is None:
             return Verdict.UNSIGNED
         key = self._keys.get(sig.keyid)
         if key is None:
             return Verdict.UNKNOWN_KEY
-        if not hmac.compare_digest(_mac(key, plan.payload()), sig.hmac_sha256):
+        if not hmac.compare_digest(_mac(key, payload), sig.hmac_sha256):
             return Verdict.BAD_MAC
         return Verdict.VALID
 
     def check(self, plan: Plan) -> Plan:
         """``plan``, if this keyring holds no key or ``plan`` is validly signed by an
         accepted one; else ``InvalidSignatureError`` saying why."""
+        self._check(plan.signature, plan.payload())
+        return plan
+
+    def _check(self, sig: Signature | None, payload: bytes) -> None:
         if not self._keys:
-            return plan
-        verdict = self.verdict(plan)
+            return
+        verdict = self._verdict(sig, payload)
         if verdict is Verdict.VALID:
-            return plan
-        sig = plan.signature
+            return
         if sig is None:
             raise InvalidSignatureError("record is not signed")
         if verdict is Verdict.UNKNOWN_KEY:
@@ -188,14 +211,24 @@ class Keyring:
 
     def verdict_payload(self, payload: bytes, sig: Signature | None) -> Verdict:
         """What this keyring makes of ``sig`` over ``payload`` (as ``verdict`` for a plan)."""
-        if sig is None:
-            return Verdict.UNSIGNED
-        key = self._keys.get(sig.keyid)
-        if key is None:
-            return Verdict.UNKNOWN_KEY
-        if not hmac.compare_digest(_mac(key, payload), sig.hmac_sha256):
-            return Verdict.BAD_MAC
-        return Verdict.VALID
+        return self._verdict(sig, payload)
+
+    def check_foreign(self, data: bytes) -> None:
+        """``InvalidSignatureError`` unless this keyring holds no key or ``data``, a record
+        of another schema, is validly signed by an accepted key under the rule every schema
+        keeps: a ``signature`` ``{"keyid", "hmac_sha256"}`` whose HMAC covers the canonical
+        encoding (orjson, sorted keys) of the record without it."""
+        if not self._keys:
+            return
+        try:
+            record = orjson.loads(data)
+            if not isinstance(record, dict):
+                raise InvalidPlanError("a record is a JSON object")
+            sig = Signature.from_dict(record.pop("signature")) if "signature" in record else None
+            payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError, InvalidPlanError) as exc:
+            raise InvalidSignatureError(f"record's signature cannot be checked: {exc}") from None
+        self._check(sig, payload)
 
     # -- the writer's rules (see the module docstring) -------------------------------------
     def seal(self, plan: Plan) -> Plan:
@@ -224,6 +257,19 @@ class Keyring:
         if sealed.signature is None:
             return False
         return not self._keys or self.verdict(sealed) is Verdict.VALID
+
+    def displaces(self, foreign: bytes, sealed: Plan) -> bool:
+        """True where writing ``sealed`` may replace ``foreign``, a record of another schema:
+        ``sealed`` is validly signed by an accepted key and ``foreign`` is not
+        (``check_foreign``), so it is as untrusted as an invalid record. Otherwise (no keys,
+        or an unsigned write) another version's record is never overwritten."""
+        if not self._keys or self.verdict(sealed) is not Verdict.VALID:
+            return False
+        try:
+            self.check_foreign(foreign)
+        except InvalidSignatureError:
+            return True
+        return False
 
 
 NO_KEYS = Keyring()

@@ -14,6 +14,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from plancache.errors import (
     InvalidPlanError,
@@ -46,6 +47,18 @@ class PutOutcome(enum.Enum):
     CREATED = "created"
     REPLACED = "replaced"
     KEPT = "kept"
+
+
+@dataclass(frozen=True)
+class Retraction:
+    """What ``PlanStore.retract`` did."""
+
+    record: Plan | None
+    """The record stored afterwards (None: the store holds none under the key)."""
+    removed: bool
+    """True if the record held the observation when it was read and no longer does (the
+    retraction took effect); False if it changed nothing a lookup sees (no record, or one
+    without that observation, which still gets its tombstone)."""
 
 
 class PlanStore(ABC):
@@ -133,7 +146,8 @@ class PlanStore(ABC):
         Signatures (``self.keyring``, rules in ``plancache.signing``): with a signing key,
         what is written is signed, and a stored record without a valid signature counts as
         invalid (replaced by ``plan`` alone); without one, a signed record is never replaced
-        by an unsigned merge (KEPT)."""
+        by an unsigned merge (KEPT). A record of an unknown schema that no accepted key
+        signed is replaced by a write that one does (``Keyring.displaces``)."""
         keys = self.keyring
         fp = validate_key(plan.fingerprint)
         new = keys.seal(plan)
@@ -147,8 +161,13 @@ class PlanStore(ABC):
             raw, version = found
             try:
                 stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
-            except UnsupportedSchemaError:
-                return PutOutcome.KEPT, None  # another version's record: not ours to replace
+            except UnsupportedSchemaError as exc:
+                if not keys.displaces(raw, new):
+                    return PutOutcome.KEPT, None  # another version's record: not ours to replace
+                log.warning(
+                    "plancache: replacing record %s… that no accepted key signed: %s", fp[:12], exc
+                )
+                merged = new
             except InvalidPlanError as exc:
                 log.warning("plancache: replacing invalid record %s…: %s", fp[:12], exc)
                 merged = new
@@ -210,15 +229,23 @@ class PlanStore(ABC):
             f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
         )
 
-    def retract(self, fp: str, observation: Observation, at: float | None = None) -> Plan | None:
-        """Remove ``observation`` from the record under ``fp`` and keep its tombstone, through
-        ``rewrite``'s compare-and-swap; returns the record now stored (None if there is none:
-        nothing to retract). Every other observation stays. When no observation is left the
-        record is kept with its tombstones only (it applies nowhere), so that an older copy
-        merged later cannot bring the observation back; ``plancache prune`` forgets it once
-        the observation itself would be pruned."""
+    def retract(self, fp: str, observation: Observation, at: float | None = None) -> Retraction:
+        """Remove ``observation`` from the record under ``fp`` and keep its tombstone (always:
+        ``plancache.merge.retract``), through ``rewrite``'s compare-and-swap; returns the
+        record now stored and whether the observation was removed (a missing record is not
+        created: nothing to retract). Every other observation stays. When no observation is
+        left the record is kept with its tombstones only (it applies nowhere), so that an
+        older copy merged later cannot bring the observation back; ``plancache prune``
+        forgets it once the observation itself would be pruned."""
         when = time.time() if at is None else at
-        return self.rewrite(fp, lambda p: retract(p, observation, when))
+        held: list[bool] = []
+
+        def change(plan: Plan) -> Plan:
+            held.append(any(o.digest == observation.digest for o in plan.observations))
+            return retract(plan, observation, when)
+
+        record = self.rewrite(fp, change)
+        return Retraction(record, any(held))
 
     def delete(self, fp: str) -> bool:
         """Remove the plan under ``fp``; True if one was there."""

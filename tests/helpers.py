@@ -1,16 +1,21 @@
 """What several test modules share: odd entries named like a plan in a local store (real
-FIFOs, sockets, directories and symbolic links), and a call bounded in time."""
+FIFOs, sockets, directories and symbolic links), a call bounded in time, and the crash mark
+of a real process that died."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from plancache import Plan
+from plancache.observation import Observation
+from plancache.testing import child_env
 
 T = TypeVar("T")
 
@@ -73,3 +78,26 @@ def within(seconds: float, fn: Callable[[], T]) -> T:
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def dead_mark(marks: Path, fingerprint: str, observation: Observation) -> Path:
+    """The crash mark that a boot which died with ``observation`` of ``fingerprint`` applied
+    left in the directory ``marks``: armed by a real process that then exits, its lock
+    released by the kernel, without removing it."""
+    code = (
+        "import sys, orjson\n"
+        "from plancache.breaker import Breaker\n"
+        "from plancache.observation import Observation\n"
+        "o = Observation.from_dict(orjson.loads(sys.argv[3]))\n"
+        "print(Breaker(sys.argv[1]).arm(sys.argv[2], o).path)\n"
+    )
+    data = observation.encode().decode()
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(marks), fingerprint, data],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip())

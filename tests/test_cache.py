@@ -74,7 +74,7 @@ def test_gate_rejects_when_less_memory_is_free(store: PlanStore) -> None:
     cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)
     assert cache.lookup(FACTORS, 69 * GiB).reason == "gate:free-memory-below-baseline"
     for unknown in (None, 0, -5, True, 7.5e10):
-        d = cache.lookup(FACTORS, unknown)
+        d = cache.lookup(FACTORS, unknown)  # type: ignore[arg-type]  # checked at run time
         assert (d.kv_cache_memory_bytes, d.reason) == (None, "gate:free-memory-unknown")
 
 

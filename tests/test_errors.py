@@ -1,16 +1,63 @@
-"""One flat error family: what each error is, and the 0.1.0 names as aliases."""
+"""One flat error family: what each error is, and the 0.1.0 names as deprecated aliases."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
 
 import plancache
 from plancache import errors
 
+OLD_NAMES = {
+    "PlanStoreUnavailable": errors.PlanStoreUnavailableError,
+    "PlanStoreNotFound": errors.PlanStoreNotFoundError,
+    "PlanStoreConflict": errors.PlanStoreConflictError,
+    "ReadOnlyStoreError": errors.PlanStoreReadOnlyError,
+}
 
-def test_old_names_are_the_same_classes() -> None:
-    assert plancache.PlanStoreUnavailable is errors.PlanStoreUnavailableError
-    assert plancache.PlanStoreNotFound is errors.PlanStoreNotFoundError
-    assert plancache.PlanStoreConflict is errors.PlanStoreConflictError
-    assert plancache.ReadOnlyStoreError is errors.PlanStoreReadOnlyError
+
+@pytest.mark.parametrize("module", [plancache, errors])
+@pytest.mark.parametrize("old", sorted(OLD_NAMES))
+def test_old_names_are_the_same_classes_and_warn(module: object, old: str) -> None:
+    new = OLD_NAMES[old].__name__
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: use plancache.{new}"):
+        assert getattr(module, old) is OLD_NAMES[old]
+
+
+def test_old_names_are_not_advertised() -> None:
+    assert not set(OLD_NAMES) & set(plancache.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        plancache.NoSuchName  # noqa: B018
+
+
+def test_one_base_catches_every_error() -> None:
+    names = [n for n in vars(errors) if isinstance(getattr(errors, n), type)]
+    classes = [getattr(errors, n) for n in names if n != "PlancacheError"]
+    assert classes
+    assert all(issubclass(c, errors.PlancacheError) for c in classes)
+    assert issubclass(errors.RankAgreementError, RuntimeError)
+
+
+def test_public_signature_types_are_exported() -> None:
+    from plancache.gate import Budget
+    from plancache.observation import Observation
+
+    assert (plancache.Budget, plancache.Observation) == (Budget, Observation)
+    assert set(plancache.__all__) <= set(dir(plancache)) | {"__version__"}
+    assert all(getattr(plancache, n) is not None for n in plancache.__all__)
+
+
+def test_import_loads_no_store_code() -> None:
+    code = (
+        "import sys, plancache\n"
+        "heavy = [m for m in ('plancache.store', 'plancache.cache', 'plancache.backends',"
+        " 's3fs', 'gcsfs', 'fsspec') if m in sys.modules]\n"
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_store_errors_keep_their_cause() -> None:
@@ -48,5 +95,6 @@ def test_the_family() -> None:
 
 def test_every_error_is_exported_from_the_package() -> None:
     names = [n for n in vars(errors) if isinstance(getattr(errors, n), type)]
+    assert set(names) <= set(plancache.__all__)
     missing = [n for n in names if getattr(plancache, n, None) is not getattr(errors, n)]
     assert not missing

@@ -6,12 +6,13 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from plancache.errors import InvalidPlanError
 from plancache.gate import gate
 from plancache.merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
-from plancache.observation import Observation, Tombstone
+from plancache.observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Observation, Tombstone
 from plancache.plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 from plancache.testing import FACTORS, GiB
 
@@ -139,11 +140,13 @@ def test_a_shuffled_fleet_converges_on_one_frontier() -> None:
 
 
 # -- tombstones --------------------------------------------------------------------------------
-def _record(points: list[Observation], dead: list[tuple[Observation, float]]) -> Plan:
+def _record(
+    points: list[Observation], dead: list[tuple[Observation, float]], now: float | None = None
+) -> Plan:
     """A record of the frontier of ``points`` with tombstones for ``dead`` (observation,
-    retraction time), merged so that it obeys every rule."""
+    retraction time), merged at ``now`` so that it obeys every rule."""
     fp = make_fp()
-    tombs = tombstones(Tombstone.of(o, t) for o, t in dead)
+    tombs = tombstones((Tombstone.of(o, t) for o, t in dead), now=now)
     gone = {t.observation for t in tombs}
     alive = frontier(o for o in points if o.digest not in gone)
     if not (alive or tombs):
@@ -157,13 +160,26 @@ def make_fp() -> str:
 
 pool = st.lists(observations, min_size=1, max_size=8, unique_by=lambda o: o.digest)
 times = st.sampled_from([10.0, 20.0, 30.0])
+NOW = 1000.0
+HORIZON = NOW + MAX_CLOCK_SKEW_S
+dated = st.sampled_from([10.0, 20.0, NOW + 3600.0, HORIZON + 1.0, MAX_CREATED_AT])
+"""Retraction times up to year 9999, some past the skew bound of a node reading at ``NOW``."""
 
 
 @st.composite
-def records(draw: st.DrawFn, universe: list[Observation]) -> Plan:
+def records(
+    draw: st.DrawFn,
+    universe: list[Observation],
+    when: st.SearchStrategy[float] = times,
+    now: float | None = None,
+) -> Plan:
+    """Records of points of ``universe`` with tombstones retracted at ``when``, merged at
+    ``now``: those that a node reading at ``NOW`` takes for valid."""
     points = draw(st.lists(st.sampled_from(universe), max_size=6))
-    dead = draw(st.lists(st.tuples(st.sampled_from(universe), times), max_size=3))
-    return _record(points, dead)
+    dead = draw(st.lists(st.tuples(st.sampled_from(universe), when), max_size=3))
+    record = _record(points, dead, now)
+    assume(record.observations or any(t.believable(NOW) for t in record.retracted))
+    return record
 
 
 @settings(max_examples=300, deadline=None)
@@ -204,6 +220,69 @@ def test_tombstones_are_bounded_and_keep_the_latest_retractions(
         floor = min(t.retracted_at for t in kept)
         assert all(r <= floor for d, r in latest.items() if d not in {t.observation for t in kept})
     assert tombstones(reversed(tombs)) == kept
+
+
+# -- tombstones dated ahead: dropped past the skew bound, judged at one ``now`` ----------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), pool)
+def test_the_merge_drops_tombstones_past_the_skew_bound_and_stays_a_semilattice(
+    data: st.DataObject, universe: list[Observation]
+) -> None:
+    a, b, c = (data.draw(records(universe, dated, MAX_CREATED_AT)) for _ in range(3))
+
+    def m(x: Plan, y: Plan) -> Plan:
+        return merge(x, y, now=NOW)
+
+    ab = m(a, b)
+    assert ab == m(b, a)
+    assert m(ab, ab) == ab and m(m(a, a), a) == m(a, a)  # idempotent on what it produces
+    left, right = m(ab, c), m(a, m(b, c))
+    assert left.retracted == right.retracted
+    named = {t.observation for t in left.retracted}
+    union = [o for r in (a, b, c) for o in r.observations]
+    if not any(o.digest in named and any(dominates(o, x) for x in union) for o in union):
+        assert left == right
+    kept = {t.observation for r in (a, b, c) for t in r.retracted if t.retracted_at <= HORIZON}
+    assert named == kept  # every tombstone within the bound (fewer than 32 here), no other
+    for result in (ab, left, right):
+        assert all(t.retracted_at <= HORIZON for t in result.retracted)
+        dead = {t.observation for t in result.retracted}
+        assert not any(o.digest in dead for o in result.observations)
+    later = merge(merge(a, b, now=MAX_CREATED_AT), c, now=MAX_CREATED_AT)
+    assert named <= {t.observation for t in later.retracted}  # a later clock admits more
+
+
+def test_tombstones_dated_past_the_skew_bound_are_dropped_not_ranked() -> None:
+    near = [Tombstone(f"{n:064x}", 1.0, NOW - n) for n in range(4)]
+    far = [Tombstone(f"{n + 100:064x}", 1.0, MAX_CREATED_AT) for n in range(MAX_TOMBSTONES)]
+    edge = Tombstone(f"{200:064x}", 1.0, HORIZON)
+    assert tombstones([*near, *far, edge], now=NOW) == (*near, edge)
+    assert tombstones(far, now=MAX_CREATED_AT) == tuple(far)
+
+
+@pytest.mark.parametrize("ahead", [MAX_CREATED_AT - NOW, 3600.0])
+def test_a_retraction_keeps_its_tombstone_past_others_that_rank_higher(ahead: float) -> None:
+    good, bad = Observation(GiB, 2 * GiB, 1.0), Observation(5 * GiB, 9 * GiB, 1.0)
+    others = tuple(Tombstone(f"{n:064x}", 1.0, NOW + ahead) for n in range(MAX_TOMBSTONES))
+    plan = Plan(make_fp(), FACTORS, (good, bad), retracted=others)
+    after = retract(plan, bad, NOW, now=NOW)
+    assert after.observations == (good,)
+    assert Tombstone.of(bad, NOW) in after.retracted
+    assert len(after.retracted) == (1 if ahead > MAX_CLOCK_SKEW_S else MAX_TOMBSTONES)
+    stale = Plan(make_fp(), FACTORS, (good, bad))  # a copy from before: cannot undo it
+    assert merge(after, stale, now=NOW) == merge(stale, after, now=NOW) == after
+
+
+def test_a_record_of_tombstones_dated_past_the_skew_bound_only_holds_nothing() -> None:
+    tombs = (Tombstone(f"{1:064x}", 1.0, HORIZON + 1.0), Tombstone(f"{2:064x}", 1.0, HORIZON))
+    data = Plan(make_fp(), FACTORS, (), retracted=tombs[:1]).encode()
+    with pytest.raises(InvalidPlanError, match="only tombstones dated more than"):
+        Plan.decode(data, now=NOW)
+    assert Plan.decode(data, now=NOW + 1.0).retracted == tombs[:1]  # within the bound by then
+    both = Plan(make_fp(), FACTORS, (), retracted=tombs)
+    assert Plan.decode(both.encode(), now=NOW) == both  # one believable tombstone: valid
 
 
 def test_a_stale_copy_merged_later_does_not_bring_a_retracted_point_back() -> None:

@@ -103,6 +103,12 @@ def test_duplicate_keys_are_invalid() -> None:
     inner = raw.replace(b'"created_at":', b'"created_at":1.0,"created_at":', 1)
     with pytest.raises(InvalidPlanError, match="duplicate"):
         Plan.decode(inner)
+    for blank in (b" ", b"\t", b"\n", b"\r"):  # blanks before a colon hide no repeat
+        spaced = raw[:-1] + b',"schema"' + blank + b":2}"
+        with pytest.raises(InvalidPlanError, match="duplicate"):
+            Plan.decode(spaced)
+    pretty = orjson.dumps(orjson.loads(raw), option=orjson.OPT_INDENT_2)
+    assert Plan.decode(pretty) == Plan.decode(raw)  # whitespace alone is valid JSON
 
 
 def test_a_schema_1_record_reads_as_a_one_point_frontier() -> None:

@@ -3,17 +3,21 @@ it back (local, S3 on moto, GCS on fake-gcs-server, and the tiered store)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from plancache import PlanStore, PutOutcome, open_store
+from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.inventory import copy, prune
-from plancache.plan import Plan
-from plancache.testing import GiB, make_plan
+from plancache.observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Tombstone
+from plancache.plan import MAX_TOMBSTONES, Plan
+from plancache.store import Retraction
+from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 
 GOOD = make_plan(kv=10 * GiB, baseline=60 * GiB)
@@ -44,8 +48,9 @@ def test_retract_removes_only_that_observation_and_keeps_a_tombstone(
     store.put(GOOD)
     store.put(BAD)
     bad = BAD.observations[0]
-    after = store.retract(FP, bad, at=1000.0)
-    assert after is not None and after.observations == GOOD.observations
+    done = store.retract(FP, bad, at=1000.0)
+    after = done.record
+    assert done.removed and after is not None and after.observations == GOOD.observations
     assert [t.observation for t in after.retracted] == [bad.digest]
     assert store.get(FP) == after
     # a stale copy (a node's old local tier, a directory copied long ago) merges back in
@@ -61,7 +66,7 @@ def test_retracting_the_last_observation_keeps_a_record_of_tombstones_only(
     store: PlanStore,
 ) -> None:
     store.put(BAD)
-    after = store.retract(FP, BAD.observations[0], at=1000.0)
+    after = store.retract(FP, BAD.observations[0], at=1000.0).record
     assert after is not None and after.observations == () and len(after.retracted) == 1
     assert store.put(BAD) is PutOutcome.KEPT  # the stale observation stays out
     assert store.get(FP) == after
@@ -72,8 +77,66 @@ def test_retracting_the_last_observation_keeps_a_record_of_tombstones_only(
 
 
 def test_retract_on_a_missing_record_writes_nothing(store: PlanStore) -> None:
-    assert store.retract(FP, BAD.observations[0]) is None
+    assert store.retract(FP, BAD.observations[0]) == Retraction(None, removed=False)
     assert store.get(FP) is None
+
+
+def planted(dated: float) -> Plan:
+    """GOOD and BAD's observations with ``MAX_TOMBSTONES`` tombstones of other observations,
+    all retracted at ``dated``: what a node with a clock far ahead, or a writer planting
+    them, leaves in a store."""
+    junk = tuple(Tombstone(f"{n:064x}", 1.0, dated) for n in range(MAX_TOMBSTONES))
+    both = (*GOOD.observations, *BAD.observations)
+    return Plan(FP, GOOD.factors, both, retracted=junk)
+
+
+@pytest.mark.parametrize("far", [True, False], ids=["year-9999", "half-a-day-ahead"])
+def test_a_retraction_takes_effect_whatever_tombstones_the_record_holds(
+    store: PlanStore, far: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """32 tombstones dated in year 9999 (past the skew bound: dropped) or half a day ahead
+    (within it: they outrank the retraction, and the lowest-ranked one makes room)."""
+    dated = MAX_CREATED_AT if far else time.time() + MAX_CLOCK_SKEW_S / 2
+    assert store.put(planted(dated)) is PutOutcome.CREATED
+    bad = BAD.observations[0]
+    caplog.set_level(logging.INFO, logger="plancache")
+    assert PlanCache(store, timeout=10.0).retract(FP, bad)
+    assert "plancache: retracted fp=" in caplog.text
+    stored = store.get(FP)
+    assert stored is not None and stored.observations == GOOD.observations
+    assert bad.digest in {t.observation for t in stored.retracted}
+    assert len(stored.retracted) == (1 if far else MAX_TOMBSTONES)
+    decision = PlanCache(store, timeout=10.0).lookup(FACTORS, current_free_memory=80 * GiB)
+    assert decision.observation == GOOD.observations[0]  # the next node does not apply BAD
+    assert store.put(BAD) is PutOutcome.KEPT  # nor does a stale copy bring it back
+
+
+def test_a_write_drops_tombstones_dated_past_the_skew_bound(store: PlanStore) -> None:
+    store.put(planted(MAX_CREATED_AT))
+    assert store.put(make_plan(kv=11 * GiB, baseline=60 * GiB)) is PutOutcome.REPLACED
+    stored = store.get(FP)
+    assert stored is not None and stored.retracted == ()
+
+
+def test_a_retraction_that_changed_nothing_says_so(
+    store: PlanStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = PlanCache(store, timeout=10.0)
+    caplog.set_level(logging.INFO, logger="plancache")
+    assert not cache.retract(FP, BAD.observations[0])
+    assert "changed nothing" in caplog.text and "no record of that key" in caplog.text
+    assert store.get(FP) is None
+    store.put(GOOD)
+    caplog.clear()
+    assert not cache.retract(FP, BAD.observations[0])
+    assert "changed nothing" in caplog.text and "no such observation" in caplog.text
+    assert "plancache: retracted" not in caplog.text
+    stored = store.get(FP)  # the tombstone is still written: no stale copy brings BAD in
+    assert stored is not None and stored.observations == GOOD.observations
+    assert [t.observation for t in stored.retracted] == [BAD.observations[0].digest]
+    again = store.retract(FP, BAD.observations[0])
+    assert not again.removed and again.record is not None
+    assert again.record.observations == GOOD.observations
 
 
 def test_prune_forgets_tombstones_of_observations_it_would_prune(tmp_path: Path) -> None:
@@ -95,7 +158,7 @@ def test_tiered_store_retracts_remote_and_local_tier(
     tiered = TieredStore(remote, local=local)
     tiered.put(GOOD)
     tiered.put(BAD)
-    after = tiered.retract(FP, BAD.observations[0])
+    after = tiered.retract(FP, BAD.observations[0]).record
     assert after is not None and after.observations == GOOD.observations
     assert remote.get(FP) == after and local.get(FP) == after
 

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from plancache.reasons import Reason, RecordReason
 from plancache.signing import MIN_KEY_CHARS, NO_KEYS, Keyring, Verdict, key_id, parse_keys
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.contract import race
+from plancache.testing.plans import newer_schema_record
 from plancache.testing.servers import MotoS3
 
 OLD = secrets.token_hex(32)
@@ -202,7 +204,10 @@ def test_keys_from_variables_and_files(tmp_path: Path) -> None:
         ({"PLANCACHE_VERIFY_KEYS": f"{OLD},tiny-secret"}, "PLANCACHE_VERIFY_KEYS: key 2 has 11"),
         ({"PLANCACHE_SIGNING_KEY": f"{OLD} {NEW}"}, "holds 2 keys; it takes one"),
         ({"PLANCACHE_SIGNING_KEY": OLD, "PLANCACHE_SIGNING_KEY_FILE": "/k"}, "not both"),
-        ({"PLANCACHE_SIGNING_KEY_FILE": "/nonexistent/key"}, "cannot read it: No such file"),
+        (
+            {"PLANCACHE_SIGNING_KEY_FILE": "/nonexistent/key"},
+            "cannot read PLANCACHE_SIGNING_KEY_FILE '/nonexistent/key': No such file",
+        ),
     ],
 )
 def test_bad_keys_name_the_variable_never_the_key(env: dict[str, str], message: str) -> None:
@@ -215,7 +220,59 @@ def test_bad_keys_name_the_variable_never_the_key(env: dict[str, str], message: 
     with pytest.raises(ConfigError, match=f"at least {MIN_KEY_CHARS}") as direct:
         Keyring("short-secret")
     assert "short-secret" not in str(direct.value)
-    assert parse_keys("# only a comment\n\n", "X") == []
+    assert parse_keys("# only a comment\n\n", "X", comments=True) == []
+
+
+def test_a_hash_starts_a_comment_in_key_files_only(tmp_path: Path) -> None:
+    """In a variable, ``#`` is a key character: a key that starts with it signs, and an
+    unsigned record is not applied. In a key file, a word that starts with ``#`` begins a
+    comment that runs to the end of its line."""
+    hashed = "#" + OLD
+    assert keyring_from_env({"PLANCACHE_SIGNING_KEY": hashed}) == Keyring(hashed)
+    ring = keyring_from_env({"PLANCACHE_VERIFY_KEYS": f"{NEW},{hashed}"})
+    assert ring == Keyring(verify_keys=[NEW, hashed])
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# retired 2026-11\n  {hashed}\n{NEW}  # the fleet's, {OTHER}\n")
+    key_file.chmod(0o600)
+    from_file = keyring_from_env({"PLANCACHE_VERIFY_KEYS_FILE": str(key_file)})
+    assert from_file == Keyring(verify_keys=[NEW])
+    LocalStore(tmp_path / "plans").put(A)  # unsigned
+    env = {"PLANCACHE_URL": str(tmp_path / "plans"), "PLANCACHE_SIGNING_KEY": hashed}
+    cache = PlanCache.from_env(env | {"PLANCACHE_TIMEOUT": "30"})
+    assert cache.lookup(FACTORS, FREE).reason is Reason.INVALID_SIGNATURE
+    recorded = cache.record(FACTORS, kv_cache_memory_bytes=GiB, free_memory_baseline=70 * GiB)
+    assert recorded.outcome is PutOutcome.REPLACED
+    stored = cache.store.get(FP)
+    assert stored is not None and stored.signature is not None
+    assert stored.signature.keyid == key_id(hashed)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PLANCACHE_SIGNING_KEY": "\u2003" * 24}, "PLANCACHE_SIGNING_KEY: key 1 holds whitespace"),
+        ({"PLANCACHE_VERIFY_KEYS": f"{OLD}\u3000{NEW}"}, "PLANCACHE_VERIFY_KEYS: key 1 holds"),
+        ({"PLANCACHE_VERIFY_KEYS": f"{OLD},\x1b[0m{NEW}"}, "PLANCACHE_VERIFY_KEYS: key 2 holds"),
+        ({"PLANCACHE_SIGNING_KEY": ""}, "PLANCACHE_SIGNING_KEY is set but holds no key;"),
+        ({"PLANCACHE_VERIFY_KEYS": " ,\n\t"}, "PLANCACHE_VERIFY_KEYS is set but holds no key;"),
+        ({"PLANCACHE_VERIFY_KEYS": OLD, "PLANCACHE_SIGNING_KEY": ""}, "SIGNING_KEY is set but"),
+        ({"PLANCACHE_SIGNING_KEY": "", "PLANCACHE_SIGNING_KEY_FILE": "/k"}, "not both"),
+        ({"PLANCACHE_SIGNING_KEY_FILE": "comments"}, "SIGNING_KEY_FILE is set but holds no key"),
+        ({"PLANCACHE_VERIFY_KEYS_FILE": "empty"}, "VERIFY_KEYS_FILE is set but holds no key"),
+    ],
+)
+def test_a_key_setting_without_a_usable_key_is_an_error(
+    env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    """A key variable or file that is set but yields no usable key (Unicode spaces, control
+    characters, nothing at all, comments only) never means "no signing"."""
+    for name, text in {"comments": f"# {OLD}\n   #{NEW}\n", "empty": ""}.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o600)
+    env = {k: str(tmp_path / v) if k.endswith("_FILE") and v != "/k" else v for k, v in env.items()}
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        keyring_from_env(env)
+    assert OLD not in str(info.value) and NEW not in str(info.value)
 
 
 # -- readers ----------------------------------------------------------------------------------
@@ -272,6 +329,39 @@ def test_a_signed_write_replaces_an_untrusted_record_without_its_observations(no
     assert raw is not None
     overwrite(plain, FP, edited(raw, lambda o: o["labels"].update(model="evil")))
     assert writer.put_merged(C)[1] == C  # a tampered record counts as untrusted too
+
+
+def test_a_record_of_another_schema_no_accepted_key_signed_never_blocks_a_signed_write(
+    node: Node,
+) -> None:
+    """A planted ``{"schema": 3}`` (unsigned, signed by another key, or changed after
+    signing) is replaced by the next signed write through the compare-and-swap; writers
+    without keys, and unsigned writes, keep it as before; a newer version's record that an
+    accepted key signed is never overwritten."""
+    plain = node(NO_KEYS)
+    ours = newer_schema_record(FP, OLD, points=[1, 2.5])
+    changed = edited(ours, lambda o: o.update(points=[2, 2.5]))  # after signing
+    unsigned, theirs = newer_schema_record(FP), newer_schema_record(FP, OTHER)
+    deep = b'{"schema": 3, "x": ' + b"[" * 600 + b"]" * 600 + b"}"  # too deep to re-encode
+    for planted in (unsigned, theirs, changed, b'{"schema": 3}', deep):
+        plain.delete(FP)
+        assert plain._create(FP, planted)
+        assert plain.put(A) is PutOutcome.KEPT  # without keys: never overwritten
+        assert node(Keyring(verify_keys=[OLD])).put(A) is PutOutcome.KEPT  # an unsigned write
+        assert plain.read_raw(FP) == planted
+        outcome, stored = node(signer(OLD)).put_merged(B)
+        assert outcome is PutOutcome.REPLACED and stored == B
+        assert stored.signature is not None and stored.signature.keyid == key_id(OLD)
+        assert cache_on(node(signer(OLD))).lookup(FACTORS, FREE).kv_cache_memory_bytes == 12 * GiB
+    plain.delete(FP)
+    assert plain._create(FP, theirs)
+    verify_only = node(Keyring(verify_keys=[OLD]))
+    assert verify_only.put(signer(OLD).sign(A)) is PutOutcome.REPLACED  # a signed copy
+    plain.delete(FP)
+    assert plain._create(FP, ours)
+    assert node(signer(NEW, OLD)).put_merged(B) == (PutOutcome.KEPT, None)
+    assert node(signer(NEW, OLD)).put_merged(C) == (PutOutcome.KEPT, None)
+    assert plain.read_raw(FP) == ours
 
 
 def test_an_unsigned_writer_never_strips_a_signature(
@@ -350,7 +440,14 @@ def test_without_keys_records_are_byte_identical(tmp_path: Path) -> None:
     assert b"signature" not in data
 
 
-def test_racing_signing_threads_converge_on_a_signed_frontier(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", [None, newer_schema_record(FP)])
+def test_racing_signing_threads_converge_on_a_signed_frontier(
+    tmp_path: Path, planted: bytes | None
+) -> None:
+    """Also over a record of another schema no key signed: it is replaced by compare-and-swap,
+    so the writers racing to replace it lose no observation."""
+    if planted is not None:
+        assert LocalStore(tmp_path)._create(FP, planted)
     plans = [make_plan(kv=(10 + i) * GiB, baseline=(60 + 2 * i) * GiB) for i in range(8)]
     ring = signer(OLD)
 

@@ -55,6 +55,10 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     """Open the store a URL names: a local path or ``file://`` URL, ``s3://bucket/prefix``,
     ``gs://bucket/prefix``, or another fsspec URL. None means the local default directory.
 
+    This is the bare backend: it honours none of the ``PLANCACHE_*`` settings (no local tier,
+    no signing keys, no read-only mode). ``PlanCache.from_env()`` and
+    ``plancache.config.Settings.from_env().open_store()`` honour all of them.
+
     Raises ``UnsupportedStoreError`` (a ``ValueError``) for an unknown scheme or a missing
     extra or package, naming the supported schemes or the ``pip install`` that fixes it.
     """

@@ -1,9 +1,12 @@
 """What the object-store backends share: URL parsing, time bounds, running async client calls.
 
 Every call a backend makes runs on fsspec's event loop under a hard bound
-(``CallTimeouts.total``); past it the call is cancelled and ``PlanStoreUnavailable`` raised.
+(``CallTimeouts.total``); past it the call is cancelled and ``PlanStoreUnavailableError`` raised.
 Backends translate their client's exceptions with ``translate``; messages name the store,
-the action and a status or error code, never a credential.
+the action and a status or error code, never a credential: what they copy from an error
+body is cut to a safe character set and length, and every message (the client's exceptions
+too) has the storage options' secrets and the credentials the client resolved itself
+(``ObjectStore.secrets``) masked, so an endpoint that echoes them gets nothing printed.
 
 The blocking work that event loop hands to threads (``getaddrinfo``: a resolver may take
 many seconds, or never answer) runs in daemon threads (``DaemonThreads``), so a lookup stuck
@@ -37,7 +40,7 @@ from plancache.errors import (
     UnsupportedStoreError,
 )
 from plancache.fingerprint import fingerprint_of_name, object_name
-from plancache.redaction import redact, scrub_exception, secret_values
+from plancache.redaction import MIN_SECRET_LENGTH, redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
 T = TypeVar("T")
@@ -45,6 +48,8 @@ P = ParamSpec("P")
 
 MAX_RETRIES = 10
 """Most retries a storage option may ask for."""
+MAX_RESOLVED = 16
+"""Resolved credentials a store masks at most (``ObjectStore.resolved``)."""
 
 ERROR_BODY_LIMIT = 8 * 1024
 """Bytes of an error response read at most (its code and message fit in far less)."""
@@ -192,6 +197,7 @@ class ObjectStore(PlanStore):
         self.timeouts, self.client_options = CallTimeouts.split(options)
         self._options = redact(options)
         self._secrets = tuple(secret_values({"url": url, **options}))
+        self._resolved: tuple[str, ...] = ()
         self._pid = os.getpid()
         unknown = sorted(set(self.client_options) - self.accepted_options)
         if unknown:
@@ -201,6 +207,22 @@ class ObjectStore(PlanStore):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, {self._options!r})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What every message of this store masks: the storage options' secrets (with URL
+        user information and its Basic-auth encodings) and the credentials the client
+        resolved itself (``resolved``)."""
+        return (*self._secrets, *self._resolved)
+
+    def resolved(self, *credentials: str | None) -> None:
+        """Mask ``credentials`` (what the client resolved and may send: an access key id,
+        a secret, a session or access token) in every message from now on; the latest
+        ``MAX_RESOLVED`` are kept (a refreshed token replaces an old one)."""
+        new = [c for c in credentials if c and len(c) >= MIN_SECRET_LENGTH]
+        if any(c not in self._resolved for c in new):
+            kept = [c for c in self._resolved if c not in new]
+            self._resolved = (*kept, *new)[-MAX_RESOLVED:]
 
     @property
     def url(self) -> str:
@@ -277,11 +299,11 @@ class ObjectStore(PlanStore):
             except ResponseTooLargeError as exc:
                 raise PlanStoreUnavailableError(f"{self.url}: {action}: {exc}", cause=exc) from exc
             except Exception as exc:  # the client's own errors (the bound cancels instead)
-                scrub_exception(exc, self._secrets)
+                scrub_exception(exc, self.secrets)
                 error = self.translate(exc, action)
                 if error is None:
                     raise
-                raise scrub_exception(error, self._secrets) from exc
+                raise scrub_exception(error, self.secrets) from exc
 
         if self._pid != os.getpid():
             raise PlanStoreUnavailableError(

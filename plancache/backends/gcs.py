@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import NoneType
 from typing import Any
 
@@ -46,6 +46,8 @@ from plancache.redaction import scrub, scrub_exception
 from plancache.store import CONTENT_TYPE, READ_LIMIT
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+REASON_CHARS = 200
+"""Most characters of an error body's message that an error shows."""
 
 
 class GCSStatusError(Exception):
@@ -57,15 +59,19 @@ class GCSStatusError(Exception):
         self.reason = reason
 
 
-def _reason(body: bytes) -> str:
-    """The ``error.message`` of a JSON error body (or its text), on one short line."""
+def _reason(body: bytes, secrets: Iterable[str]) -> str:
+    """The ``error.message`` of a JSON error body (or its text), on one short line of
+    printable ASCII: ``secrets`` masked, any other character escaped (``\\x1b``,
+    ``\\u202e``), at most ``REASON_CHARS`` characters."""
     text = body.decode("utf-8", "replace")
     try:
         error = json.loads(text)["error"]
         text = str(error.get("message", "") if isinstance(error, dict) else error)
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
-    return " ".join(text.split())[:200]
+    text = scrub(" ".join(text.split()), secrets)
+    ascii_text = (c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in text)
+    return "".join(ascii_text)[:REASON_CHARS]
 
 
 def _bucket_missing(reason: str) -> bool:
@@ -123,6 +129,7 @@ class GCSStore(ObjectStore):
             last = attempt == self.timeouts.retries
             all_headers = dict(headers or {})
             self.fs.credentials.apply(all_headers)
+            self.resolved(all_headers.get("authorization", "").partition(" ")[2])
             try:
                 async with session.request(
                     method,
@@ -155,10 +162,10 @@ class GCSStore(ObjectStore):
             status, headers, body = await self._send(
                 "GET", url, params={"alt": "media"}, limit=READ_LIMIT
             )
-            if status == 404 and not _bucket_missing(_reason(body)):
+            if status == 404 and not _bucket_missing(_reason(body, self.secrets)):
                 return None
             if status != 200:
-                raise GCSStatusError(status, _reason(body))
+                raise GCSStatusError(status, _reason(body, self.secrets))
             generation = headers.get("x-goog-generation")
             if generation is None:
                 raise GCSStatusError(status, "the response carries no x-goog-generation")
@@ -201,7 +208,7 @@ class GCSStore(ObjectStore):
             if status == 412:
                 return False
             if status != 200:
-                raise GCSStatusError(status, _reason(reply))
+                raise GCSStatusError(status, _reason(reply, self.secrets))
             return True
 
         return self._run("write", post)
@@ -217,10 +224,10 @@ class GCSStore(ObjectStore):
     def _delete(self, fp: str) -> bool:
         async def delete() -> bool:
             status, _, body = await self._send("DELETE", f"{self._objects}/{quote(self._key(fp))}")
-            if status == 404 and not _bucket_missing(_reason(body)):
+            if status == 404 and not _bucket_missing(_reason(body, self.secrets)):
                 return False
             if status not in (200, 204):
-                raise GCSStatusError(status, _reason(body))
+                raise GCSStatusError(status, _reason(body, self.secrets))
             return True
 
         return self._run("delete", delete)
@@ -236,7 +243,7 @@ class GCSStore(ObjectStore):
             params["pageToken"] = token
         status, _, body = await self._send("GET", self._objects, params=params)
         if status != 200:
-            raise GCSStatusError(status, _reason(body))
+            raise GCSStatusError(status, _reason(body, self.secrets))
         try:
             out = json.loads(body)
             names = [i["name"] for i in out.get("items", [])]

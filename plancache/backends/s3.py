@@ -14,6 +14,7 @@ Other storage options go to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import aiohttp
@@ -58,13 +59,16 @@ DENIED = {
     "TokenRefreshRequired",
 }
 LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict"}
+_CODE = re.compile(r"[A-Za-z0-9.]{1,64}")
+_GIVEN_CREDENTIALS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
-    """(error code, HTTP status) of a botocore ``ClientError``."""
+    """(error code, HTTP status) of a botocore ``ClientError``. A code that is not 1 to 64
+    letters, digits and dots (as every S3 code is) is left out: ``""``."""
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    return code, status
+    return (code if _CODE.fullmatch(code) else ""), status
 
 
 def _lost_race(exc: ClientError) -> bool:
@@ -131,8 +135,24 @@ class S3Store(ObjectStore):
         self._opened = False
 
     async def _client(self) -> Any:
+        """The client; the credentials botocore's chain resolved for it are masked in every
+        message from now on (``resolved``)."""
         self._opened = True
-        return await self.fs.set_session()
+        client = await self.fs.set_session()
+        if not self._credentials_given:
+            credentials = await self.fs.session.get_credentials()  # the client's, cached
+            if credentials is not None:
+                frozen = await credentials.get_frozen_credentials()
+                self.resolved(frozen.access_key, frozen.secret_key, frozen.token)
+        return client
+
+    @property
+    def _credentials_given(self) -> bool:
+        """True if the storage options name the credentials (masked as such), or there are
+        none (``anon``); else botocore's chain resolves them (environment, files, roles)."""
+        fs = self.fs
+        given = any(k in (fs.client_kwargs or {}) for k in _GIVEN_CREDENTIALS)
+        return bool(fs.anon or fs.key or fs.secret or fs.token or given)
 
     # -- primitives ----------------------------------------------------------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:

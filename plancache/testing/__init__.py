@@ -4,8 +4,8 @@ contract suite and loopback servers (install with ``pip install 'plancache[test]
 - ``StoreContract``, ``ObjectStoreContract``: pytest base classes; subclass one to run the
   whole store contract against your own backend (see ``plancache.testing.contract`` and
   ``plancache.testing.object_contract``).
-- ``servers``: moto S3, fake-gcs-server and a counting proxy; ``hostile``: scripted, fixed
-  and silent endpoints for fault injection.
+- ``servers``: moto S3, fake-gcs-server and a counting proxy; ``hostile``: scripted, fixed,
+  silent and credential-echoing endpoints for fault injection.
 - ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
   processes tests start.
 

@@ -4,7 +4,9 @@
 - ``ScriptedServer``: every answer from a function ``respond(method, path, body)``, bodies
   that never end (``endless()``) included;
 - ``FixedResponseServer``: one status, headers and body for every request (HTTP 500, 403, ...);
-- ``SilentServer``: accepts TCP connections and never answers.
+- ``SilentServer``: accepts TCP connections and never answers;
+- ``EchoingServer``: answers every request with an S3 or GCS error that echoes the
+  credentials the request carried.
 
 Each has ``start``/``stop``, is a context manager and serves from a daemon thread. A port
 nothing listens on is ``servers.closed_port()``.
@@ -13,9 +15,13 @@ nothing listens on is ``servers.closed_port()``.
 from __future__ import annotations
 
 import itertools
+import json
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import Literal
+from xml.sax.saxutils import escape
 
 from plancache.testing.servers import HOST, Body, _Handler, _HTTPService, _Server
 
@@ -56,6 +62,44 @@ class FixedResponseServer(ScriptedServer):
         super().__init__(respond)
 
 
+class EchoingServer(_HTTPService):
+    """Answers every request with HTTP ``status`` and an error that copies the credentials
+    the request carried, as a careless endpoint or proxy would: ``flavour="s3"``, an S3 XML
+    error whose ``Code`` is the credential named ``code`` and whose ``Message`` holds them
+    all; ``"gcs"``, a JSON error whose ``error.message`` holds them all. ``seen`` holds the
+    credentials of every request so far (see ``credentials``)."""
+
+    def __init__(self, flavour: Literal["s3", "gcs"], code: str = "key", status: int = 403) -> None:
+        super().__init__()
+        self.flavour, self.code, self.status = flavour, code, status
+        self.seen: list[dict[str, str]] = []
+
+    @staticmethod
+    def credentials(headers: Mapping[str, str]) -> dict[str, str]:
+        """What a request's headers (names in lower case) carry: ``key`` (the access key id
+        of an AWS signature), ``token`` (``X-Amz-Security-Token``), ``bearer`` or ``basic``
+        (the credentials of ``Authorization: Bearer|Basic``)."""
+        auth = headers.get("authorization", "")
+        found = {"token": headers.get("x-amz-security-token", "")}
+        if key := re.search(r"Credential=([^/,\s]+)/", auth):
+            found["key"] = key.group(1)
+        scheme, _, value = auth.partition(" ")
+        found[scheme.lower()] = value
+        return {k: v for k, v in found.items() if v and k in ("key", "token", "bearer", "basic")}
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        found = self.credentials({k.lower(): v for k, v in h.headers.items()})
+        self.seen.append(found)
+        everything = " ".join(f"{k}={v}" for k, v in found.items())
+        if self.flavour == "s3":
+            code, message = escape(found.get(self.code, "")), escape(everything)
+            xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            h.reply(self.status, {"Content-Type": "application/xml"}, xml.encode())
+        else:
+            error = {"error": {"code": self.status, "message": f"not allowed: {everything}"}}
+            h.reply(self.status, {"Content-Type": "application/json"}, json.dumps(error).encode())
+
+
 class SilentServer(_Server):
     """Accepts TCP connections and never answers (until stopped)."""
 
@@ -86,4 +130,12 @@ class SilentServer(_Server):
         self._sock.close()
 
 
-__all__ = ["FixedResponseServer", "Reply", "Respond", "ScriptedServer", "SilentServer", "endless"]
+__all__ = [
+    "EchoingServer",
+    "FixedResponseServer",
+    "Reply",
+    "Respond",
+    "ScriptedServer",
+    "SilentServer",
+    "endless",
+]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from plancache.fingerprint import Scalar
 from plancache.plan import Plan
+from plancache.signing import key_id
 
 GiB = 1 << 30
 FACTORS: dict[str, Scalar] = {"model": "test/model", "gpu_memory_utilization": 0.9, "rank": 0}
@@ -29,3 +34,15 @@ def make_plan(
         producer={"host": "test"} if producer is None else producer,
         created_at=created_at,
     )
+
+
+def newer_schema_record(fp: str, key: str | None = None, **fields: Any) -> bytes:
+    """A record of schema 3 (a newer plancache's) under ``fp`` with ``fields``, signed with
+    ``key`` (None: unsigned) by the rule every schema keeps: the HMAC-SHA256 of the canonical
+    encoding of the record without its signature."""
+    record: dict[str, Any] = {"schema": 3, "fingerprint": fp, **fields}
+    if key is not None:
+        payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+        mac = hmac.new(key.encode(), payload, hashlib.sha256).hexdigest()
+        record["signature"] = {"keyid": key_id(key), "hmac_sha256": mac}
+    return orjson.dumps(record)

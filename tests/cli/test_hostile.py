@@ -3,6 +3,7 @@ endpoint answers, every command ends on time with exit 0, 1 or 2 and at most one
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from plancache.testing.hostile import FixedResponseServer, ScriptedServer
+from plancache.testing import child_env
+from plancache.testing.hostile import EchoingServer, FixedResponseServer, ScriptedServer
 from tests.cli.helpers import run
 from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
 
@@ -86,3 +88,54 @@ def test_an_unexpected_failure_is_one_error_line_and_debug_shows_it_scrubbed() -
             debug, _ = plancache("--debug", "ls", url)
             assert debug.returncode == 2 and "Traceback" in debug.stderr
             assert secret not in debug.stdout + debug.stderr, debug.stderr
+
+
+# -- endpoints that echo the credentials they got ----------------------------------------------
+ECHO_KEY_ID = "AKIAECHOTESTKEYID0001"
+ECHO_SECRET = "echo-test-secret-access-key-0001"
+ECHO_SESSION = "EchoTestSessionToken0001"  # letters and digits: a plausible S3 error code
+ECHO_USER, ECHO_PASSWORD = "echo-user", "echo-test-password-0001"
+ECHO_BASIC = base64.b64encode(f"{ECHO_USER}:{ECHO_PASSWORD}".encode()).decode()
+
+
+def assert_no_credential(result: subprocess.CompletedProcess[str]) -> None:
+    """Nothing the command resolved or was given, in any form the tests know, was printed."""
+    printed = result.stdout + result.stderr
+    for secret in (ECHO_KEY_ID, ECHO_SECRET, ECHO_SESSION, ECHO_PASSWORD, ECHO_BASIC):
+        assert secret not in printed, printed
+
+
+@pytest.mark.parametrize("code", ["key", "token"])
+def test_s3_credentials_an_endpoint_echoes_are_never_printed(code: str) -> None:
+    """The credentials come from the environment (botocore's chain), not from the storage
+    options: the command masks what the client resolved. The endpoint echoes the access key
+    id or the session token as its error code, and all of them in its message."""
+    env = child_env(
+        AWS_ACCESS_KEY_ID=ECHO_KEY_ID,
+        AWS_SECRET_ACCESS_KEY=ECHO_SECRET,
+        AWS_SESSION_TOKEN=ECHO_SESSION,
+    )
+    with EchoingServer("s3", code=code) as server:
+        options = json.dumps({"endpoint_url": server.endpoint})
+        for debug in ((), ("--debug",)):
+            result = run(*debug, "ls", "s3://echo/p", "--storage-options", options, env=env)
+            assert result.returncode == 2, result.stderr
+            last = result.stderr.splitlines()[-1]
+            assert last == "plancache: error: s3://echo/p: list: access denied: *** (HTTP 403)"
+            assert_no_credential(result)
+        assert server.seen[-1][code] == {"key": ECHO_KEY_ID, "token": ECHO_SESSION}[code]
+
+
+def test_the_basic_auth_of_an_endpoint_url_an_endpoint_echoes_is_never_printed() -> None:
+    with EchoingServer("gcs") as server:
+        endpoint = server.endpoint.replace("://", f"://{ECHO_USER}:{ECHO_PASSWORD}@")
+        options = json.dumps({"endpoint_url": endpoint, "token": "anon"})
+        for debug in ((), ("--debug",)):
+            result = run(*debug, "ls", "gs://echo/p", "--storage-options", options)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.splitlines()[-1] == (
+                "plancache: error: gs://echo/p: list: access denied: HTTP 403: "
+                "not allowed: basic=***"
+            )
+            assert_no_credential(result)
+        assert server.seen[-1]["basic"] == ECHO_BASIC

@@ -5,6 +5,7 @@ from the environment or ``--keys-file``), who signed in ``ls`` and ``show``, ``c
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from plancache.backends.local import LocalStore
 from plancache.fingerprint import object_name
 from plancache.signing import NO_KEYS, Keyring, key_id
 from plancache.testing import GiB, child_env
+from plancache.testing.plans import newer_schema_record
 from tests.cli.helpers import RemoteSpec, failure, named_plan, ok, record_bytes, run, write_raw
 
 KEY = secrets.token_hex(32)
@@ -258,3 +260,54 @@ def test_bad_keys_fail_in_one_line_without_the_key(
     result = run(*debug, "verify", "--require-signature", "--keys-file", str(keys), str(root))
     assert result.returncode == 2 and "--keys-file: key 2 has 10 characters" in result.stderr
     assert short not in result.stdout + result.stderr and KEY not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_verify_require_signature_reports_and_fixes_other_schemas_no_key_signed(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if where == "s3":
+        url, options = request.getfixturevalue("s3_spec")
+        flags = ["--storage-options", json.dumps(options)]
+    else:
+        url, options, flags = str(tmp_path / "store"), {}, []
+    store = open_store(url, **options)
+    signing(store).put(GOOD)
+    unsigned, foreign, ours = (named_plan(n).fingerprint for n in ("unsigned", "foreign", "ours"))
+    for fp, key in [(unsigned, None), (foreign, OTHER), (ours, KEY)]:
+        assert store._create(fp, newer_schema_record(fp, key))
+    store.close()
+    args = ["verify", "--require-signature", url, *flags]
+    result = run(*args, env=keyed())
+    assert result.returncode == 1, result.stderr
+    found = lines_of(result.stdout)
+    assert found.keys() == {ours, unsigned, foreign}
+    assert found[ours].endswith("(another version's record: kept)")
+    assert found[unsigned] == (
+        "invalid:signature: record is not signed "
+        "(record has schema 3; this plancache reads 1 and 2)"
+    )
+    assert found[foreign].startswith(
+        f"invalid:signature: record is signed by key {key_id(OTHER)}, not an accepted one"
+    )
+    assert result.stdout.splitlines()[-1] == (
+        f"4 records checked in {url}: 0 invalid, 2 not validly signed (keys {ID})"
+    )
+    assert ok(*args, "--fix", env=keyed()).count("(deleted)") == 2
+    after = open_store(url, **options)
+    assert sorted(after.iter_fingerprints()) == sorted([GOOD.fingerprint, ours])
+    after.close()
+    assert "(another version's record: kept)" in ok(*args, env=keyed())
+    # without keys, a record of another schema is kept as before
+    plain = ok("verify", "--fix", url, *flags)
+    assert "another version's record: kept" in plain and "(deleted)" not in plain
+
+
+def test_a_keys_file_that_is_a_fifo_fails_at_once(root: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "keys"
+    os.mkfifo(fifo)
+    result = run("verify", "--require-signature", "--keys-file", str(fifo), str(root), timeout=30)
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"plancache: error: cannot read --keys-file '{fifo}': not a regular file\n"
+    )

@@ -25,6 +25,7 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setattr(apply, "_cache", None)
     monkeypatch.setattr(apply, "_breaker", None)
     monkeypatch.setattr(apply, "_env_settings", None)
+    monkeypatch.setattr(apply, "_config_error", None)
     monkeypatch.setattr(registration, "_registered", False)
     monkeypatch.setattr(factors, "software_factors", fake_software_factors)
     monkeypatch.setattr(factors, "device_factors", fake_device_factors)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +20,7 @@ from plancache.breaker import CRASHED_SUFFIX, MARK_SUFFIX, Mark, Process
 from plancache.integrations.vllm import BootMode, apply
 from plancache.integrations.vllm.factors import as_scalars
 from plancache.testing import GiB
+from tests.helpers import dead_mark
 from tests.vllm.support import booted, stored
 
 
@@ -42,20 +41,7 @@ def _marks(directory: Path, suffix: str = MARK_SUFFIX) -> list[Path]:
 
 def _dead_mark(directory: Path, plan: Plan) -> Path:
     """The mark a boot left in ``directory`` when it died with ``plan`` applied."""
-    me = Process.current()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait(timeout=30)
-    path = directory / "marks" / f"{plan.fingerprint[:16]}.{dead.pid}.dead{MARK_SUFFIX}"
-    mark = Mark(
-        path,
-        plan.fingerprint,
-        plan.observations[0],
-        Process(dead.pid, None, me.boot_id, me.host),
-        time.time(),
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(mark.to_json())
-    return path
+    return dead_mark(directory / "marks", plan.fingerprint, plan.observations[0])
 
 
 def test_a_poisoned_record_is_never_applied(
@@ -109,7 +95,7 @@ def test_a_mark_is_held_from_the_decision_until_the_warm_up_returned(
     worker.load_model()
     assert worker.determine_available_memory() == 20 * GiB
     [path] = _marks(store_dir)
-    mark = Mark.read(path)
+    mark = Mark.parse(path, path.read_bytes())
     assert mark is not None and mark.observation == plan.observations[0]
     assert mark.process == Process.current()
     worker.compile_or_warm_up_model()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import secrets
 import sys
+import textwrap
 import time
 from pathlib import Path
 from types import ModuleType
@@ -11,8 +14,9 @@ import pytest
 
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import apply, patch, registration
+from plancache.signing import key_id
 from plancache.testing import child_env
-from tests.vllm.support import booted, load_standin, run_python, vllm_installed
+from tests.vllm.support import REPO, STANDIN, booted, load_standin, run_python, vllm_installed
 
 
 @pytest.mark.parametrize(
@@ -95,3 +99,78 @@ def test_register_without_the_worker_module_warns(tmp_path: Path) -> None:
     out = run_python(code, env, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok"
     assert out.stderr.count("plugin inactive") == 1
+
+
+KEYED_BOOTS = """
+import json, os
+from pathlib import Path
+import plancache.integrations.vllm as plugin
+from plancache import Plan, open_store
+from plancache.integrations.vllm.factors import as_scalars, worker_factors
+from tests.vllm.support import booted, stored, use_fake_runtime
+
+use_fake_runtime()
+plugin.register()
+from vllm.v1.worker import gpu_worker
+
+def signers():
+    return [p.signature and p.signature.keyid for p in stored(directory)]
+
+directory = Path(os.environ["PLANCACHE_URL"])
+first = gpu_worker.Worker()
+booted(first)  # an empty store: it profiles
+after_first = signers()
+second = gpu_worker.Worker()
+unsigned = Plan.new(as_scalars(worker_factors(second)), kv_cache_memory_bytes=20 << 30,
+                    free_memory_baseline=70 << 30)
+store = open_store(str(directory))
+store.delete(unsigned.fingerprint)
+store.put(unsigned)
+booted(second)  # an unsigned plan it could apply
+print(json.dumps({"after_first": after_first, "first": first.events, "second": second.events,
+                  "after_second": signers()}))
+"""
+PROFILED = ["load_model", "memory-profiling", "warmup"]
+"""A boot's events when it profiled and vLLM's built-in functions did nothing."""
+
+
+def keyed_boots(tmp_path: Path, **env: str) -> tuple[dict[str, list[object]], str]:
+    """Two boots in a fresh process with ``env``: one on an empty store, one on a store
+    holding an unsigned plan it could apply; what each did and who signed what the store
+    held after it, and the process's stderr."""
+    child = child_env([STANDIN, REPO], PLANCACHE_URL=str(tmp_path / "plans"), **env)
+    out = run_python(textwrap.dedent(KEYED_BOOTS), child, tmp_path)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1]), out.stderr
+
+
+def test_a_key_that_starts_with_a_hash_signs(tmp_path: Path) -> None:
+    """In a fresh process: ``#`` starts no comment in a variable; that key signs what the
+    boot records, and the unsigned plan is not applied."""
+    key = "#" + secrets.token_hex(32)
+    result, stderr = keyed_boots(tmp_path, PLANCACHE_SIGNING_KEY=key)
+    assert result["first"] == result["second"] == PROFILED
+    assert result["after_first"] == result["after_second"] == [key_id(key)]
+    assert key not in stderr
+
+
+@pytest.mark.parametrize("case", ["unicode-spaces", "empty", "comments-only-file"])
+def test_key_settings_that_hold_no_key_turn_the_plugin_off(tmp_path: Path, case: str) -> None:
+    """In a fresh process: a key variable that is set but yields no usable key never means
+    "no signing": one ERROR line, then every boot profiles, applies no unsigned plan and
+    records nothing (nor does vLLM's built-in save)."""
+    key = secrets.token_hex(32)
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# {key}\n")
+    key_file.chmod(0o600)
+    env = {
+        "unicode-spaces": {"PLANCACHE_SIGNING_KEY": "\u2003" * 24},
+        "empty": {"PLANCACHE_SIGNING_KEY": ""},
+        "comments-only-file": {"PLANCACHE_VERIFY_KEYS_FILE": str(key_file)},
+    }[case]
+    result, stderr = keyed_boots(tmp_path, **env)
+    assert result["first"] == result["second"] == PROFILED
+    assert result["after_first"] == []  # the profiled boot recorded nothing
+    assert result["after_second"] == [None]  # the unsigned plan, neither applied nor changed
+    assert stderr.count("plancache is off in this process") == 1, stderr
+    assert "Traceback" not in stderr and key not in stderr

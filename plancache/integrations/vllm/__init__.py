@@ -30,6 +30,9 @@ imported, so processes that never import it (the API server) pay nothing. Guaran
   the save never delays readiness or exit;
 - device facts come from ``vllm.platforms.current_platform`` (CUDA, ROCm, XPU); where the
   key cannot be computed, vLLM's built-in startup-plan functions act as without plancache;
+- a setting plancache cannot use (e.g. a key variable that holds no key, a key file that is
+  no regular file) turns it off for the process with one ERROR line: its boots profile and
+  record nothing, and vLLM's built-in functions do not act either;
 - nothing here raises into vLLM's boot path because of a store, a config or a missing
   attribute; a vLLM without the wrapped methods gets one warning and no patch.
 

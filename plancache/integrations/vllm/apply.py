@@ -12,7 +12,10 @@ and plausibility (its KV cache fits in ``requested_memory`` minus the loaded wei
 no earlier boot on this node died with, and whose crash mark it has written; the mark stays
 until ``compile_or_warm_up_model`` returned, so the next boot on the node learns of a crash
 with it, avoids it and retracts it from the store (in the background). Where the key cannot
-be computed, vLLM's built-in startup-plan functions run as if plancache were absent.
+be computed, vLLM's built-in startup-plan functions run as if plancache were absent. A
+setting plancache cannot use (``ConfigError``, e.g. a key variable that holds no key) turns
+it off for the process, with one ERROR line: its boots profile, and neither plancache nor
+vLLM's built-in functions apply or record a plan (never a fall-back to unsigned plans).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache.errors import ConfigError
 from plancache.fingerprint import Scalar, fingerprint
 from plancache.gate import Budget, implausible
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
@@ -55,6 +59,8 @@ _lock = threading.Lock()
 _cache: PlanCache | None = None
 _breaker: Breaker | None = None
 _env_settings: Settings | None = None
+_config_error: str | None = None
+"""Why this process's settings cannot be used (then the plugin is off), once known."""
 builtins: dict[str, Callable[..., object]] = {}
 """vLLM's own startup-plan functions by name, kept by the patch: they run for a worker whose
 key plancache could not compute."""
@@ -113,12 +119,25 @@ def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
 
 
 def _settings() -> Settings:
-    """This process's settings, read from the environment once (call under ``_lock``)."""
-    global _env_settings
+    """This process's settings, read from the environment once (call under ``_lock``). If
+    they cannot be used, logs one ERROR and raises ``ConfigError`` at this and every later
+    call: the plugin is off for the process."""
+    global _env_settings, _config_error
+    if _config_error is not None:
+        raise ConfigError(_config_error)
     if _env_settings is None:
         from plancache.config import Settings
 
-        _env_settings = Settings.from_env()
+        try:
+            _env_settings = Settings.from_env()
+        except ConfigError as exc:
+            _config_error = str(exc)
+            log.error(
+                "plancache: %s; plancache is off in this process: no plan is applied or "
+                "recorded, every boot profiles",
+                exc,
+            )
+            raise
     return _env_settings
 
 
@@ -167,8 +186,13 @@ class _BackgroundRetract:
 def warm() -> None:
     """Open the store in the background while the worker loads its model, so that the
     lookup's time budget is spent on the request, not on importing a client library; make
-    the breaker now, not on ``load_model``'s entry."""
-    get_cache().warm()
+    the breaker now, not on ``load_model``'s entry. Settings that cannot be used: nothing
+    (``_settings`` logged why)."""
+    try:
+        cache = get_cache()
+    except ConfigError:
+        return
+    cache.warm()
     get_breaker()
 
 
@@ -205,7 +229,8 @@ def begin(worker: WorkerLike) -> Boot:
     in startup), recover the crash marks of this key that dead processes left on this node
     (their observations are avoided; their retraction runs in the background) and start the
     store fetch in a daemon thread. Never raises for a bad worker, config or store: that
-    worker is left to vLLM's built-in functions."""
+    worker is left to vLLM's built-in functions, except where the settings cannot be used
+    (then it profiles and nothing records a plan)."""
     boot = boot_of(worker)
     if boot is not None:
         return boot
@@ -217,6 +242,8 @@ def begin(worker: WorkerLike) -> Boot:
         factors = worker_factors(worker)
         free = worker.init_snapshot.free_memory
         cache = get_cache()
+    except ConfigError:
+        return boot  # plancache is off (``_settings`` logged why): profile, record nothing
     except Exception as exc:
         boot.builtin = True
         log.warning(
@@ -370,4 +397,6 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
             why = boot.decision.reason
         elif boot.decision is not None and vote is Vote.PROFILE:
             why = "no crash mark could be written, so the plan is not applied"
+        elif _config_error is not None:
+            why = "plancache is off: configuration error"
         log.info("plancache: rank %s profiles (%s) fp=%s%s", rank, why, fp, agreement)
