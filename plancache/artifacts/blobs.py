@@ -331,9 +331,9 @@ class GCSBlobs(_ObjectBlobs):
                 return r
             body = await r.content.read(8192)
             r.release()
-            if r.status == 404 and not _bucket_missing(_reason(body)):
+            if r.status == 404 and not _bucket_missing(_reason(body, store.secrets)):
                 return None
-            raise GCSStatusError(r.status, _reason(body))
+            raise GCSStatusError(r.status, _reason(body, store.secrets))
 
         response = store._run("read", get)
         if response is None:
@@ -356,7 +356,7 @@ class GCSBlobs(_ObjectBlobs):
             if status == 412:
                 return ""
             if status != 200 or "Location" not in headers:
-                raise GCSStatusError(status, _reason(body))
+                raise GCSStatusError(status, _reason(body, store.secrets))
             return str(headers["Location"])
 
         parts = _parts(chunks)
@@ -401,7 +401,7 @@ class GCSBlobs(_ObjectBlobs):
                 return False
             if (total is None and status == 308) or (total is not None and status in (200, 201)):
                 return True
-            raise GCSStatusError(status, _reason(body))
+            raise GCSStatusError(status, _reason(body, self.store.secrets))
 
         created: bool = self.store._run("write", put, UPLOAD_CALL_S)
         return created
@@ -421,7 +421,7 @@ class GCSBlobs(_ObjectBlobs):
             if status == 404:
                 return False
             if status not in (200, 204):
-                raise GCSStatusError(status, _reason(body))
+                raise GCSStatusError(status, _reason(body, self.store.secrets))
             return True
 
         return self.store._run("delete", delete)
