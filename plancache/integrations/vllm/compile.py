@@ -205,10 +205,14 @@ def _before_load(model: Any, path: str) -> _Load | None:
     attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
     _wrap_save(type(model))
     prefetch = getattr(model, PREFETCH_ATTR, None)
-    fetched: Fetched | None
-    if isinstance(prefetch, _Prefetch) and prefetch.join() == (attempt.root, attempt.rank):
-        fetched = prefetch.fetched  # started when the model was built: overlapped its loading
-    else:
+    where = None
+    if isinstance(prefetch, _Prefetch):  # started when the model was built: overlapped loading
+        where = prefetch.join()
+        if prefetch.thread.is_alive():
+            return attempt  # the fetch bound is spent: vLLM compiles
+    if isinstance(prefetch, _Prefetch) and where == (attempt.root, attempt.rank):
+        fetched = prefetch.fetched
+    else:  # built before the plugin registered, or vLLM's path differs from the one computed
         fetched = _prepare(attempt.root, attempt.key, attempt.rank)
     if fetched is not None and fetched.reason == "hit" and fetched.manifest is not None:
         attempt.manifest = fetched.manifest
@@ -276,8 +280,8 @@ class _Prefetch:
             self.fetched = safely(_prepare, root, root.name, rank, True)
 
     def join(self) -> tuple[Path, str] | None:
-        """Wait for the prefetch (at most the fetch bound); where it fetched for, or None if
-        it computed no path or is still running."""
+        """Wait for the prefetch (at most the fetch bound, which its own fetch also obeys);
+        where it fetched for, or None if it computed no path or is still running."""
         self.thread.join(settings().fetch_timeout)
         return None if self.thread.is_alive() else self.where
 
