@@ -1,6 +1,8 @@
 """The main job: what plancache saves at boot, and what it costs, measured on this machine.
 
-``python -m benchmarks`` runs the local store costs, ``import plancache`` cost, S3 and GCS
+``python -m benchmarks`` runs the compile-artifact boots first (real vLLM compiles on this
+CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
+local store costs, ``import plancache`` cost, S3 and GCS
 costs on loopback servers it starts itself, the fleet simulation, and the real-boot
 benchmark when a GPU and vLLM are present (else it says it is skipped and why). It writes
 a table to the terminal, ``results.json`` and ``results.png``.
@@ -17,6 +19,7 @@ from typing import Any
 
 from benchmarks import (
     boot,
+    compile_share,
     fleet,
     local_costs,
     machine,
@@ -52,10 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip S3/GCS servers (fleet then shares a local directory)",
     )
+    parser.add_argument("--no-compile", action="store_true", help="skip the compile-artifact boots")
+    parser.add_argument(
+        "--compile-memory-mib", type=int, default=1024, help="artifact size of the memory check"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     results: dict[str, Any] = {"machine": machine.describe(), "stores": {}}
+    if not (args.no_compile or args.fleet_only):
+        print("measuring compile artifacts: real vLLM boots on this CPU ...", flush=True)
+        with tempfile.TemporaryDirectory(prefix="plancache-compile-") as compile_work:
+            results["compile"] = compile_share.measure(Path(compile_work), args.compile_memory_mib)
     if not args.fleet_only:
         print("measuring import cost ...", flush=True)
         results["import"] = local_costs.measure_import()
@@ -99,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     results["boot"] = f"skipped: {reason}" if reason else "available: run python -m benchmarks.boot"
     results["wall_seconds"] = time.monotonic() - start
     print()
+    if "compile" in results:
+        print(compile_share.table(results["compile"]))
+        print()
     print(report.table(results))
     if "plugin_costs" in results:
         print()

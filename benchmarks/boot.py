@@ -11,6 +11,13 @@ is read from its log line:
 - ``plancache``: plancache on a shared S3 store (moto on 127.0.0.1) with a local tier.
 - ``new-node``: plancache, local tier emptied before every boot, plan only in the shared store.
 
+Compile artifacts (``run_compile``; each boot with CUDA graphs, ``--runs`` timed boots):
+
+- ``compile-cold``: an empty ``VLLM_CACHE_ROOT`` every boot, sharing off: vLLM compiles.
+- ``compile-warm``: the same ``VLLM_CACHE_ROOT`` every boot: vLLM's own compile cache.
+- ``compile-new-node``: an empty ``VLLM_CACHE_ROOT`` every boot; the artifact comes from the
+  shared S3 store (moto on 127.0.0.1), uploaded by one untimed boot first.
+
 Run: ``python -m benchmarks.boot --model Qwen/Qwen3-0.6B --runs 3``. Without a GPU or vLLM it
 says why it is skipped and exits 0.
 """
@@ -132,6 +139,50 @@ def run(model: str, runs: int, util: float, timeout: float, mode: str) -> dict[s
     return results
 
 
+def run_compile(model: str, runs: int, util: float, timeout: float) -> dict[str, Any]:
+    """Boot ``model`` cold, warm and as a new node fed by the shared store (see the module
+    docstring); seconds per timed boot, medians, and each case's saving over cold."""
+    from plancache.testing.servers import s3_server
+
+    work = Path(tempfile.mkdtemp(prefix="plancache-compile-boot-"))
+    results: dict[str, Any] = {"model": model, "runs": runs}
+    with s3_server() as (url, options):
+        base = dict(
+            os.environ,
+            PLANCACHE_ENABLE="1",
+            PLANCACHE_URL=f"{url}/boot",
+            PLANCACHE_LOCAL_TIER="0",
+            PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
+            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+        )
+        off = dict(base, PLANCACHE_COMPILE_CACHE="0")
+        _boot(model, util, dict(off, VLLM_CACHE_ROOT=str(work / "warm")), timeout, "graphs")
+        _boot(model, util, dict(base, VLLM_CACHE_ROOT=str(work / "seed")), timeout, "graphs")
+        cases = {  # name: (environment, VLLM_CACHE_ROOT of boot i)
+            "compile-cold": (off, "cold-{i}"),
+            "compile-warm": (off, "warm"),
+            "compile-new-node": (base, "new-{i}"),
+        }
+        for name, (env, root) in cases.items():
+            times = [
+                _boot(
+                    model,
+                    util,
+                    dict(env, VLLM_CACHE_ROOT=str(work / root.format(i=i))),
+                    timeout,
+                    "graphs",
+                )[0]
+                for i in range(runs)
+            ]
+            results[name] = {"seconds": times, "median_seconds": median(times)}
+            print(f"{name:18s} median {median(times):7.2f} s  runs {times}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    cold = results["compile-cold"]["median_seconds"]
+    for name in ("compile-warm", "compile-new-node"):
+        results[name]["saved_vs_cold_seconds"] = cold - results[name]["median_seconds"]
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="Qwen/Qwen3-0.6B")
@@ -148,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for mode in ("graphs", "eager"):  # a hit saves seconds with CUDA graphs, little eager
         results[mode] = run(args.model, args.runs, args.gpu_memory_utilization, args.timeout, mode)
+    results["compile"] = run_compile(
+        args.model, args.runs, args.gpu_memory_utilization, args.timeout
+    )
     results["wall_seconds"] = time.monotonic() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

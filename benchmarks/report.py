@@ -113,16 +113,27 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Latency per backend and operation (grouped by backend), each backend's hit as a
-    multiple of vLLM's built-in read, and the fleet's profiles per round, before and after."""
+    """The compile-artifact boots (first, when measured), latency per backend and operation
+    (grouped by backend), each backend's hit as a multiple of vLLM's built-in read, and the
+    fleet's profiles per round, before and after."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(
-        1, 3, figsize=(17, 7), gridspec_kw={"width_ratios": [1.5, 0.8, 1.1]}
+    compiled = results.get("compile", {}).get("cases")
+    first = [1.1] if compiled else []  # compile artifacts first: a boot-time saving measured here
+    fig, axes = plt.subplots(
+        1,
+        3 + len(first),
+        figsize=(17 + 6 * len(first), 7),
+        gridspec_kw={"width_ratios": [*first, 1.5, 0.8, 1.1]},
     )
+    ax1, ax2, ax3 = axes[-3:]
+    if compiled:
+        from benchmarks.compile_share import plot_boots
+
+        plot_boots(axes[0], results["compile"])
     labels: list[str] = []
     p50: list[float] = []
     p99: list[float] = []

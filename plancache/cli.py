@@ -60,15 +60,17 @@ _TIMEOUT_HELP = (
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
 _COMMAND_HELP = {
-    "ls": "list the plans in a store, one row each (invalid records too, with the reason)",
-    "show": "show a whole record, factors included, by fingerprint or unique prefix",
+    "ls": "list the plans in a store, one row each (invalid records too, with the reason), "
+    "then its compile artifacts",
+    "show": "show a whole record, factors included, by fingerprint or unique prefix (a "
+    "compile artifact's manifest: KEY/rank_R_D)",
     "verify": "check every record against the format's rules (and, with --require-signature, "
     "its signature); exit 1 if any fails",
-    "rm": "delete plans by fingerprint or unique prefix",
+    "rm": "delete plans by fingerprint or unique prefix (compile artifacts: KEY/rank_R_D)",
     "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
     "with none is deleted), and abandoned temp files of local stores",
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
-    "stats": "plan count, bytes, oldest and newest plan, devices seen",
+    "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
     "doctor": "check a store (reachability, credentials, permissions, whether it honours "
     "conditional writes, clock skew) and this node (signing, local directories, vLLM); "
@@ -238,6 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
+    args.where = {}  # store URL -> (URL, storage options) it was opened with
     args.keyring = None  # read on first use
     try:
         return func(args)

@@ -17,6 +17,7 @@ its keys. It returns the exit status (0 ok, 1 findings) and raises on any failur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -26,7 +27,9 @@ from typing import Any
 
 import orjson
 
-from plancache import inventory
+from plancache import artifact_commands, inventory
+from plancache.artifacts import inventory as inventory_artifacts
+from plancache.artifacts.blobs import Blobs, blobs_for
 from plancache.backends import open_store
 from plancache.backends.guarded import open_guarded
 from plancache.backends.lazy import LazyStore
@@ -79,19 +82,10 @@ def _open(
     is written only once the conformance probe found it honest (``open_guarded``: a write to
     one that ignores preconditions raises, unless ``PLANCACHE_TRUST_PRECONDITIONS=1``). A
     local store that must exist but does not is an error."""
-    settings = Settings.from_env() if url is None else None
-    url = settings.url if settings is not None else url
-    assert url is not None
-    if options is None and (shared_for_local or is_remote(url)):
-        options, flag = args.storage_options, "--storage-options"
-    storage_options: dict[str, Any] = {}
-    if options is not None:
-        storage_options = parse_storage_options(options, flag)
-    elif is_remote(url):
-        storage_options = dict((settings or Settings.from_env()).storage_options)
+    url, storage_options = _where(args, url, options, flag, shared_for_local)
     store: PlanStore
     if is_remote(url):
-        env = settings or Settings.from_env()
+        env = Settings.from_env()
         guarded = functools.partial(
             open_guarded, url, storage_options, env.local_dir, trust=env.trust_preconditions
         )
@@ -99,10 +93,36 @@ def _open(
     else:
         store = open_store(url, **storage_options)
     args.opened.append(store)
+    args.where[store.url] = (url, storage_options)
     store.use_keyring(_keyring(args))
     if must_exist and isinstance(store, LocalStore) and not store.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store
+
+
+def _where(
+    args: argparse.Namespace, url: str | None, options: str | None, flag: str, shared: bool
+) -> tuple[str, dict[str, Any]]:
+    """The URL and storage options ``_open`` opens (see there)."""
+    settings = Settings.from_env() if url is None else None
+    url = settings.url if settings is not None else url
+    assert url is not None
+    if options is None and (shared or is_remote(url)):
+        options, flag = args.storage_options, "--storage-options"
+    storage_options: dict[str, Any] = {}
+    if options is not None:
+        storage_options = parse_storage_options(options, flag)
+    elif is_remote(url):
+        storage_options = dict((settings or Settings.from_env()).storage_options)
+    return url, storage_options
+
+
+def _artifacts(args: argparse.Namespace, store: PlanStore) -> Blobs:
+    """The compile artifacts beside ``store``'s plans (``plancache.artifacts``)."""
+    url, storage_options = args.where[store.url]
+    blobs = blobs_for(url, storage_options)
+    args.opened.append(blobs)
+    return blobs
 
 
 def _keyring(args: argparse.Namespace) -> Keyring:
@@ -155,7 +175,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     invalid = [e for e in entries if e.plan is None]
     now = time.time()
     if args.json:
-        print_json([inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid])
+        print_json(
+            [inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid]
+            + [
+                artifact_commands.entry_dict(a)
+                for a in inventory_artifacts.scan(_artifacts(args, store))
+            ]
+        )
         return 0
     keyring = store.keyring
     # the SIGNED column shows where keys are configured or a record is signed
@@ -182,8 +208,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
+    artifacts = artifact_commands.ls(_artifacts(args, store), keyring)
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
+    if artifacts:
+        summary += f", {plural(len(artifacts), 'compile artifact')}"
     if rejected:
         summary += f", {rejected} not validly signed (never applied with these keys)"
     echo(f"{summary}, in {store.url}")
@@ -193,6 +222,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The whole record under a fingerprint or a unique prefix of one."""
     store = _open(args, args.url)
+    if artifact_commands.is_ref(args.fingerprint):
+        return artifact_commands.show(_artifacts(args, store), args.fingerprint, store.keyring)
     [fp] = inventory.resolve(store, [args.fingerprint])
     entry = inventory.read_entry(store, fp)
     if entry is None:
@@ -263,13 +294,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.require_signature:
         summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
-    return 1 if bad and not args.fix else 0
+    checked, broken = artifact_commands.verify(_artifacts(args, store), keys, fix=args.fix)
+    if checked:
+        echo(f"{plural(checked, 'compile artifact')} checked, every byte: {broken} failed")
+    return 1 if (bad or broken) and not args.fix else 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Delete plans by fingerprint or unique prefix; every prefix is resolved first."""
     store = _open(args, args.url)
-    for fp, deleted in inventory.remove(store, args.fingerprints):
+    refs = [f for f in args.fingerprints if artifact_commands.is_ref(f)]
+    if refs:
+        artifact_commands.rm(_artifacts(args, store), refs)
+    plans = [f for f in args.fingerprints if f not in refs]
+    for fp, deleted in inventory.remove(store, plans) if plans else ():
         echo(f"deleted {fp}" if deleted else f"already gone {fp}")
     return 0
 
@@ -302,6 +340,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         left = plural(result.rejected, "record")
         summary += f"; {left} not validly signed left as they are"
     echo(summary)
+    artifact_commands.prune(_artifacts(args, store), args.older_than, dry_run=args.dry_run)
     return 0
 
 
@@ -325,6 +364,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
         + (f", {c.rejected} not validly signed skipped" if c.rejected else "")
         + (f", {c.vanished} deleted meanwhile" if c.vanished else "")
     )
+    artifact_commands.cp(_artifacts(args, src), _artifacts(args, dst))
     return 0
 
 
@@ -332,8 +372,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Counts, bytes, oldest and newest plan, devices seen."""
     store = _open(args, args.url)
     s = inventory.stats(store)
+    a = artifact_commands.stats(_artifacts(args, store))
     if args.json:
-        print_json(s)
+        print_json({**dataclasses.asdict(s), **a})
         return 0
     now = time.time()
     echo(f"store    {s.url}")
@@ -342,6 +383,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     echo(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
     echo(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
     echo(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
+    if a["artifacts"]:
+        echo(f"compile  {plural(a['artifacts'], 'artifact')}, {size(a['artifact_bytes'])}")
     return 0
 
 

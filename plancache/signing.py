@@ -203,6 +203,17 @@ class Keyring:
             "(changed after signing)"
         )
 
+    def sign_payload(self, payload: bytes) -> Signature:
+        """The signature of ``payload`` (any canonical bytes, e.g. an artifact manifest) with
+        the signing key; ``ValueError`` without one."""
+        if self._signing is None:
+            raise ValueError("this keyring holds no signing key")
+        return Signature(self._signing, _mac(self._keys[self._signing], payload))
+
+    def verdict_payload(self, payload: bytes, sig: Signature | None) -> Verdict:
+        """What this keyring makes of ``sig`` over ``payload`` (as ``verdict`` for a plan)."""
+        return self._verdict(sig, payload)
+
     def check_foreign(self, data: bytes) -> None:
         """``InvalidSignatureError`` unless this keyring holds no key or ``data``, a record
         of another schema, is validly signed by an accepted key under the rule every schema

@@ -299,9 +299,15 @@ class ObjectStore(PlanStore):
     def translate(self, exc: Exception, action: str) -> PlanStoreError | None:
         """The store error for a client exception, or None for an unexpected one."""
 
-    def _run(self, action: str, coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """``coro()`` on the client's loop, bounded by ``timeouts.total``; the client's
-        known exceptions become ``PlanStoreError`` subclasses, others propagate."""
+    def _run(
+        self,
+        action: str,
+        coro: Callable[[], Coroutine[Any, Any, T]],
+        timeout: float | None = None,
+    ) -> T:
+        """``coro()`` on the client's loop, bounded by ``timeout`` (default
+        ``timeouts.total``); the client's known exceptions become ``PlanStoreError``
+        subclasses, others propagate."""
 
         async def translated() -> T:
             try:
@@ -321,10 +327,11 @@ class ObjectStore(PlanStore):
                 "fork) and cannot be used in this one: open the store again here"
             )
         use_daemon_threads(self._loop)
+        bound = self.timeouts.total if timeout is None else timeout
         try:
-            result: T = sync(self._loop, translated, timeout=self.timeouts.total)
+            result: T = sync(self._loop, translated, timeout=bound)
         except FSTimeoutError as exc:
             raise PlanStoreUnavailableError(
-                f"{self.url}: {action}: no answer within {self.timeouts.total:g} s", cause=exc
+                f"{self.url}: {action}: no answer within {bound:g} s", cause=exc
             ) from exc
         return result

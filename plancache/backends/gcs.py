@@ -176,16 +176,25 @@ class GCSStore(ObjectStore):
 
         return self._run("read", get)
 
-    def _upload_if_generation(self, fp: str, data: bytes, generation: int) -> bool:
+    def _upload_if_generation(
+        self,
+        fp: str,
+        data: bytes,
+        generation: int,
+        *,
+        key: str | None = None,
+        content_type: str = CONTENT_TYPE,
+    ) -> bool:
         """Multipart upload of ``data`` only if the object's generation is ``generation``
-        (0: only if absent); False on 412."""
+        (0: only if absent); False on 412. ``key``: another object than plan ``fp``'s."""
         boundary = f"plancache-{secrets.token_hex(16)}"
-        meta = json.dumps({"name": self._key(fp), "contentType": CONTENT_TYPE}).encode()
+        name = self._key(fp) if key is None else key
+        meta = json.dumps({"name": name, "contentType": content_type}).encode()
         body = b"".join(
             [
                 f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
                 meta,
-                f"\r\n--{boundary}\r\nContent-Type: {CONTENT_TYPE}\r\n\r\n".encode(),
+                f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
                 data,
                 f"\r\n--{boundary}--\r\n".encode(),
             ]

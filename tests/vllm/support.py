@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -125,3 +129,23 @@ def stored(directory: Path) -> list[Plan]:
 def key_of(worker: WorkerLike) -> str:
     """The fingerprint the plugin looks ``worker`` up under."""
     return fingerprint(as_scalars(factors.worker_factors(worker)))
+
+
+def outcomes(
+    *procs: subprocess.Popen[str], timeout: float
+) -> Iterator[tuple[int, dict[str, Any], str]]:
+    """Each process's exit status, the last JSON object line of its stdout and its log
+    (stdout and stderr), in order; all of them must end within ``timeout`` seconds (any
+    left running is killed)."""
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            lines = [line for line in stdout.splitlines() if line.startswith("{")]
+            assert lines, stderr[-4000:]
+            yield proc.returncode, json.loads(lines[-1]), stdout + stderr
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

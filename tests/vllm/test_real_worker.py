@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from plancache import fingerprint, open_store
 from plancache.testing import GiB, child_env
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
+from tests.vllm import support
 from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, vllm_installed
 
 pytestmark = [
@@ -90,18 +90,7 @@ def boot(
 def outcomes(*procs: subprocess.Popen[str]) -> Iterator[tuple[int, Report, str]]:
     """Each boot's exit status, its last JSON line and its log (stdout and stderr), in order;
     every boot must end in time."""
-    deadline = time.monotonic() + BOOT_TIMEOUT_S
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = stdout.strip().splitlines()
-            assert lines, stderr[-4000:]
-            yield proc.returncode, json.loads(lines[-1]), stdout + stderr
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return support.outcomes(*procs, timeout=BOOT_TIMEOUT_S)
 
 
 def reports(*procs: subprocess.Popen[str]) -> Iterator[tuple[Report, str]]:

@@ -18,7 +18,8 @@ Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point
 ``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
 the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
-worker attributes read).
+worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetched from and
+uploaded to the same store: see ``plancache.artifacts``).
 Importing this package imports neither vLLM nor torch.
 """
 

@@ -123,8 +123,17 @@ def _builtin_delegate(name: str, original: Callable[..., Any]) -> Callable[..., 
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds ``TARGET_MODULE`` through the other finders and patches it once executed;
-    removes itself from ``sys.meta_path`` then."""
+    """Finds ``target`` (default ``TARGET_MODULE``) through the other finders and patches it
+    once executed (``on_load``, default: the worker patch); removes itself from
+    ``sys.meta_path`` then."""
+
+    def __init__(
+        self,
+        target: str = TARGET_MODULE,
+        on_load: Callable[[ModuleType], object] | None = None,
+    ) -> None:
+        self.target = target
+        self.on_load = on_load
 
     def find_spec(
         self,
@@ -132,7 +141,7 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET_MODULE:
+        if fullname != self.target:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -160,6 +169,9 @@ class _PatchingLoader(importlib.abc.Loader):
         self.inner.exec_module(module)
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
+        if self.finder.on_load is not None:
+            safely(self.finder.on_load, module)
+            return
         try:
             patched = patch_worker_module(module)
         except Exception:

@@ -1,4 +1,5 @@
 """vLLM's entry point: ``register()`` patches the GPU worker, now or when it is imported,
+hooks vLLM's AOT compile cache (``compile``: compile artifacts shared through the store),
 and routes plancache's log lines through vLLM's logger."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import logging
 import sys
 import threading
 
+from plancache.integrations.vllm import compile
 from plancache.integrations.vllm.apply import safely, warm
 from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.patch import TARGET_MODULE, PatchOnImport, patch_worker_module
@@ -28,9 +30,14 @@ def register() -> None:
             return
         _registered = True
         try:
-            if not enabled():
+            plans, artifacts = enabled(), compile.wanted()
+            if not (plans or artifacts):
                 return
             _route_logs_to_vllm()
+            if artifacts and _module_exists(compile.TARGET_MODULE):
+                compile.hook()
+            if not plans:
+                return
             module = sys.modules.get(TARGET_MODULE)
             if module is not None:
                 patched = patch_worker_module(module)

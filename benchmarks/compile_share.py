@@ -1,0 +1,263 @@
+"""Boot time saved by shared compile artifacts: real vLLM 0.33 compiles on this machine's CPU,
+each node a fresh process (``tests/vllm/compile_node.py``: a tiny ``support_torch_compile``
+model, real ``VllmConfig``, real AOT compile, save and load; no simulation).
+
+Cases, each with its first-forward time (where vLLM compiles or loads) and whole-process time:
+
+- ``cold``: empty ``VLLM_CACHE_ROOT``, empty store: vLLM compiles; plancache uploads.
+- ``warm``: the same node again: vLLM's own local cache.
+- ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact from a shared directory.
+- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the artifact from S3 (moto on 127.0.0.1).
+
+Also: what a hit adds to the critical path (fetch, verify and install of the real artifact)
+on a local directory, S3 and GCS, with 0 and 300 ms injected per request; and the peak memory
+of storing and fetching a 1 GiB artifact. Needs a Python with vLLM (the ``tox -e vllm``
+environment, or ``PLANCACHE_BENCH_VLLM_PYTHON``); without one it says so and is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from plancache.artifacts.share import ArtifactStore, CompileSettings
+from plancache.config import Settings
+from plancache.testing import servers
+from tests.vllm.support import MODEL_CONFIG
+
+REPO = Path(__file__).resolve().parent.parent
+NODE = REPO / "tests" / "vllm" / "compile_node.py"
+AOT = Path("torch_compile_cache") / "torch_aot_compile"
+FETCH = re.compile(
+    r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s[^)]*\)"
+)
+
+
+def vllm_python() -> str | None:
+    """A Python that imports vLLM: ``PLANCACHE_BENCH_VLLM_PYTHON``, else the ``tox -e vllm``
+    environment of this checkout."""
+    candidates = [os.environ.get("PLANCACHE_BENCH_VLLM_PYTHON", ""), REPO / ".tox/vllm/bin/python"]
+    for python in map(str, candidates):
+        if python and os.path.exists(python):
+            found = subprocess.run(
+                [
+                    python,
+                    "-c",
+                    "import importlib.util as u; print(u.find_spec('vllm') is not None)",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if found.stdout.strip() == "True":
+                return python
+    return None
+
+
+def _node(
+    python: str, model_dir: Path, root: Path, url: str, *args: str, **env: str
+) -> dict[str, Any]:
+    child = {k: v for k, v in os.environ.items() if not k.startswith("PLANCACHE_")}
+    child.update(
+        PYTHONPATH=str(REPO),
+        PLANCACHE_URL=url,
+        VLLM_CACHE_ROOT=str(root),
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        **env,
+    )
+    start = time.perf_counter()
+    out = subprocess.run(
+        [python, str(NODE), "--model-dir", str(model_dir), *args],
+        env=child,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    wall = time.perf_counter() - start
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"node failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    report["wall_s"] = wall
+    fetches = FETCH.findall(out.stdout + out.stderr)
+    report["plancache"] = fetches[-1][1] if fetches else "-"
+    report["fetch_s"] = float(fetches[-1][2]) if fetches else None
+    return report
+
+
+def measure_boots(work: Path) -> dict[str, Any]:
+    """The four cases (see the module docstring), in fresh processes."""
+    python = vllm_python()
+    if python is None:
+        return {
+            "skipped": "no Python with vLLM (build tox -e vllm or set PLANCACHE_BENCH_VLLM_PYTHON)"
+        }
+    model_dir = work / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    store = str(work / "store")
+    cases: dict[str, dict[str, Any]] = {}
+    print("  cold node (compiles) ...", flush=True)
+    cases["cold"] = _node(python, model_dir, work / "cold", store, "--wait-upload", "120")
+    print("  warm node (vLLM's own cache) ...", flush=True)
+    cases["warm"] = _node(python, model_dir, work / "cold", store)
+    print("  new node, artifact from a local directory ...", flush=True)
+    cases["new node, local dir"] = _node(python, model_dir, work / "new-local", store)
+    key = next((work / "cold" / AOT).iterdir())
+    with servers.s3_server() as (url, options):
+        artifacts = ArtifactStore(Settings(url, storage_options=options), CompileSettings())
+        artifacts.upload(key, key.name, "rank_0_0")
+        print("  new node, artifact from S3 (moto) ...", flush=True)
+        cases["new node, S3"] = _node(
+            python,
+            model_dir,
+            work / "new-s3",
+            url,
+            PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
+            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+        )
+    cold = cases["cold"]
+    for case in cases.values():
+        case["first_forward_saved_s"] = cold["first_forward_s"] - case["first_forward_s"]
+        case["first_forward_ratio"] = case["first_forward_s"] / cold["first_forward_s"]
+        case["process_saved_s"] = cold["process_s"] - case["process_s"]
+    return {"python": python, "cases": cases, "artifact_dir": str(key)}
+
+
+def measure_fetch(artifact: Path, work: Path, runs: int = 5) -> dict[str, Any]:
+    """Critical-path cost of a hit: fetch, verify and install ``artifact`` (vLLM's ``<key>``
+    directory) into an empty directory, per store and injected latency (median of
+    ``runs``)."""
+    out: dict[str, Any] = {}
+    key = artifact.name
+    for delay in (0.0, 0.3):
+        with contextlib.ExitStack() as stack:
+            specs: dict[str, Any] = {
+                "s3": stack.enter_context(
+                    servers.with_latency(stack.enter_context(servers.s3_server()), delay)
+                ),
+                "gcs": stack.enter_context(
+                    servers.with_latency(stack.enter_context(servers.gcs_server()), delay)
+                ),
+            }
+            if not delay:  # a local directory takes no requests to delay
+                specs["local"] = (str(work / "fetch-store"), {})
+            for name, (url, options) in specs.items():
+                artifacts = ArtifactStore(
+                    Settings(url, storage_options=options), CompileSettings(trust_unsigned=True)
+                )
+                artifacts.upload(artifact, key, "rank_0_0")
+                seconds = []
+                for i in range(runs):
+                    target = work / f"fetch-{name}-{delay}-{i}" / key
+                    fetched = artifacts.fetch(target, key, "rank_0_0")
+                    assert fetched.reason == "hit", fetched
+                    seconds.append(fetched.seconds)
+                out[f"{name} +{int(delay * 1000)} ms"] = statistics.median(seconds)
+    return out
+
+
+def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
+    """Peak RSS of a process that stores and fetches a ``size_mib`` artifact, on a local
+    directory and on S3 (moto runs in this process, so its memory is not counted)."""
+    from benchmarks.artifact_memory import make_tree
+
+    out: dict[str, Any] = {}
+    make_tree(work / "mem", size_mib)
+    with servers.s3_server() as (url, options):
+        for name, (u, o) in {"local": (str(work / "mem-store"), {}), "s3": (url, options)}.items():
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.artifact_memory",
+                    u,
+                    json.dumps(o),
+                    str(work / "mem"),
+                ],
+                cwd=REPO,
+                env=dict(os.environ, PYTHONPATH=str(REPO)),
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+            shutil.rmtree(work / "mem" / "node", ignore_errors=True)
+    for done in ("mem", "mem-store"):
+        shutil.rmtree(work / done, ignore_errors=True)
+    return out
+
+
+def measure(work: Path, memory_mib: int) -> dict[str, Any]:
+    """Every figure of the module docstring."""
+    results = measure_boots(work)
+    artifact = results.get("artifact_dir")
+    if artifact:
+        print("  a hit's critical-path cost, local / S3 / GCS, 0 and 300 ms ...", flush=True)
+        results["fetch"] = measure_fetch(Path(artifact), work)
+    print(f"  peak memory with a {memory_mib} MiB artifact ...", flush=True)
+    results["memory"] = measure_memory(work, memory_mib)
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    """The boot table (first thing a reader sees), the fetch costs and the memory."""
+    lines = [
+        "compile artifacts: real vLLM 0.33 compiles on this CPU (tiny model, fresh processes, "
+        "no simulation)",
+        f"  {'case':22s} {'first forward':>13s} {'saved':>8s} {'x cold':>7s} {'process':>9s} "
+        f"{'saved':>8s}  plancache",
+    ]
+    if "skipped" in results:
+        lines[1:] = [f"  boots skipped: {results['skipped']}"]
+    for name, c in results.get("cases", {}).items():
+        fetched = "" if c["fetch_s"] is None else f" in {c['fetch_s']:.3f} s"
+        lines.append(
+            f"  {name:22s} {c['first_forward_s']:11.2f} s {c['first_forward_saved_s']:6.1f} s "
+            f"{c['first_forward_ratio']:6.2f}x {c['process_s']:7.1f} s "
+            f"{c['process_saved_s']:6.1f} s  {c['plancache']}{fetched}"
+        )
+    fetch = results.get("fetch")
+    if fetch:
+        lines.append(
+            "  a hit's fetch + verify + install (median): "
+            + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in fetch.items())
+        )
+    for name, m in results.get("memory", {}).items():
+        lines.append(
+            f"  {m['size_mib']} MiB artifact via {name}: peak RSS "
+            f"{m['peak_rss_before_mib']:.0f} -> {m['peak_rss_after_mib']:.0f} MiB "
+            f"(upload {m['upload_s']:.1f} s, fetch+install {m['fetch_install_s']:.1f} s)"
+        )
+    return "\n".join(lines)
+
+
+def plot_boots(ax: Any, results: dict[str, Any]) -> None:
+    """First-forward and whole-process seconds per case, on matplotlib axes ``ax``."""
+    names = list(results["cases"])
+    first = [results["cases"][n]["first_forward_s"] for n in names]
+    process = [results["cases"][n]["process_s"] for n in names]
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], first, 0.4, label="first forward (compile or load)")
+    ax.bar([x + 0.2 for x in xs], process, 0.4, label="whole process", alpha=0.6)
+    for x, n in zip(xs, names, strict=True):
+        ratio = results["cases"][n]["first_forward_ratio"]
+        ax.text(x - 0.2, first[x], f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [n.replace(", ", "\n") for n in names], fontsize=8)
+    ax.set_ylabel("seconds (this machine's CPU)")
+    ax.set_title("vLLM compile: cold vs warm vs new node\n(artifact from a shared store; measured)")
+    ax.legend(fontsize=8)

@@ -1,0 +1,15 @@
+"""Compile artifacts: vLLM's torch.compile AOT directories shared through plancache's stores.
+
+An *artifact* is what one rank of a vLLM engine needs to load its compiled model instead of
+compiling it: the files of ``<VLLM_CACHE_ROOT>/torch_compile_cache/torch_aot_compile/<key>/``
+that belong to that rank (``rank_<r>_<dp>/`` and the shared ``inductor_cache/``). It is
+stored as one object per (key, rank), ``compile_artifact_<key>_<rank>.tar``: a tar stream
+(zstd-compressed when ``zstandard`` is importable) whose first member is a manifest listing
+every file with its size, sha256 and mode, optionally signed. Loading an artifact executes
+code (unpickling, ``.so`` files): only trusted artifacts are installed (``share``).
+
+Modules: ``manifest`` (the manifest, names, signatures: pure), ``archive`` (pack a directory
+into a stream; verify a stream and install it atomically), ``blobs`` (streamed objects on a
+local directory, S3 or GCS, create-if-absent), ``share`` (settings, trust, fetch and
+upload). Importing this package imports no client library.
+"""

@@ -1,0 +1,464 @@
+"""Share vLLM's torch.compile AOT artifacts through the configured store.
+
+``hook()`` (run by ``register``) wraps ``_try_load_aot_compiled_fn`` in
+``vllm.compilation.decorators``, now or when that module is imported. vLLM calls it at a
+``support_torch_compile`` model's first forward, with
+``<VLLM_CACHE_ROOT>/torch_compile_cache/torch_aot_compile/<key>/rank_<r>_<dp>/model``,
+whether or not a ``Worker`` is involved. The wrapper:
+
+1. recovers the crash marks that dead boots left on this node for (key, rank): an artifact
+   a boot died with (between its load and the end of the first forward) is avoided, its
+   installed copy removed (vLLM compiles) and it is retracted from the store;
+2. if ``model`` is missing locally, fetches the artifact of (key, rank) and installs it
+   (``plancache.artifacts``: trusted and verified, atomically), and leaves a crash mark.
+   Steps 1 and 2 start when the model is built (``_support_torch_compile`` is wrapped too:
+   its classes compute the path as vLLM's first forward will, in a daemon thread), so the
+   fetch overlaps the weights' loading; the first forward joins it (or, for a model built
+   before the plugin registered, does them itself);
+3. lets vLLM load as usual. If vLLM refused what was installed (it recompiles), that is
+   logged with vLLM's reason; if it loaded, the mark is removed once the first forward
+   returned.
+
+It also wraps the model class's ``save_aot_compiled_function``: once vLLM saved a new
+artifact and the first forward that follows returned, the artifact is uploaded in a daemon
+thread (create-if-absent). At exit, uploads in flight get ``PLANCACHE_COMPILE_EXIT_WAIT``
+seconds in all (default 30), then are abandoned (nothing is stored). Nothing here raises
+into vLLM: any failure is logged and the node compiles as if plancache were absent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from plancache.artifacts.archive import TEMP_PREFIX, installed_manifest
+from plancache.artifacts.manifest import Manifest, check_key, check_rank
+from plancache.artifacts.share import (
+    MARKS_DIR,
+    ArtifactStore,
+    CompileSettings,
+    Fetched,
+    Uploads,
+    artifact_id,
+    as_observation,
+)
+from plancache.breaker import Breaker, Mark
+from plancache.integrations.vllm.apply import safely
+from plancache.observation import Observation
+
+log = logging.getLogger("plancache.vllm")
+
+TARGET_MODULE = "vllm.compilation.decorators"
+LOADER = "_try_load_aot_compiled_fn"
+DECORATOR = "_support_torch_compile"
+MARK = "__plancache_wrapped__"
+
+uploads = Uploads()
+"""This process's background uploads (``uploads.wait(seconds)`` joins them)."""
+
+_lock = threading.Lock()
+_settings: CompileSettings | None = None
+_store: ArtifactStore | None = None
+_opening: threading.Thread | None = None
+
+
+def wanted() -> bool:
+    """True if compile artifacts are shared in this process (``PLANCACHE_COMPILE_CACHE``,
+    else whether the plugin is enabled). A malformed setting: warning, off."""
+    return settings().enabled
+
+
+def settings() -> CompileSettings:
+    global _settings
+    with _lock:
+        if _settings is None:
+            try:
+                _settings = CompileSettings.from_env()
+            except ValueError as exc:
+                log.warning("plancache: compile artifacts not shared: %s", exc)
+                _settings = CompileSettings(enabled=False)
+        return _settings
+
+
+def hook() -> None:
+    """Wrap vLLM's AOT loader now, or when its module is imported (processes that never
+    import it, such as the API server, pay nothing more)."""
+    from plancache.integrations.vllm.patch import PatchOnImport
+
+    module = sys.modules.get(TARGET_MODULE)
+    if module is not None:
+        patch_decorators(module)
+    else:
+        sys.meta_path.insert(0, PatchOnImport(TARGET_MODULE, patch_decorators))
+
+
+def _start_opening() -> None:
+    """Open the store in a daemon thread (once), and bound the uploads at exit."""
+    global _opening
+    with _lock:
+        if _opening is None:
+            _opening = threading.Thread(target=_open, name="plancache-compile-open", daemon=True)
+            _opening.start()
+            atexit.register(_at_exit)
+
+
+def _open() -> None:
+    global _store
+    from plancache.config import Settings
+
+    try:
+        store = ArtifactStore(Settings.from_env(), settings())
+    except Exception as exc:
+        log.warning("plancache: compile artifacts not shared: %s: %s", type(exc).__name__, exc)
+        return
+    _store = store
+
+
+def store() -> ArtifactStore | None:
+    """The artifact store, once opened (waits for the opening at most the fetch bound)."""
+    opening = _opening
+    if opening is not None:
+        opening.join(settings().fetch_timeout)
+    return _store
+
+
+def breaker() -> Breaker:
+    from plancache.config import Settings
+
+    return Breaker(Path(Settings.from_env().local_dir) / MARKS_DIR)
+
+
+def patch_decorators(module: ModuleType) -> bool:
+    """Wrap ``module``'s AOT loader (once); False, with a warning, if it has none."""
+    original = getattr(module, LOADER, None)
+    if not callable(original):
+        log.warning("plancache: %s has no %s; compile artifacts not shared", TARGET_MODULE, LOADER)
+        return False
+    if getattr(original, MARK, False):
+        return True
+    setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
+    decorate = getattr(module, DECORATOR, None)
+    if callable(decorate):  # without it, the fetch starts at the first forward
+        setattr(module, DECORATOR, _wrap_decorator(decorate))
+    _start_opening()  # importing a client library takes a while: before the first forward
+    return True
+
+
+# -- the loader --------------------------------------------------------------------------------
+@dataclass
+class _Load:
+    """One load attempt of (key, rank): what plancache installed for it, and its mark."""
+
+    root: Path
+    key: str
+    rank: str
+    manifest: Manifest | None = None
+    mark: Mark | None = None
+
+
+def _wrap_loader(original: Callable[..., Any], vllm_log: logging.Logger) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
+        attempt = safely(_before_load, model, aot_compilation_path)
+        capture = _Capture()
+        vllm_log.addHandler(capture)
+        try:
+            loaded = original(model, aot_compilation_path, *args, **kwargs)
+        finally:
+            vllm_log.removeHandler(capture)
+        if attempt is None or attempt.manifest is None:
+            return loaded
+        return safely(_after_load, attempt, loaded, capture.messages) or loaded
+
+    setattr(load, MARK, True)
+    return load
+
+
+class _Capture(logging.Handler):
+    """Keeps the warnings vLLM logs while it loads (its reason for refusing an artifact)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _before_load(model: Any, path: str) -> _Load | None:
+    if not settings().enabled:
+        return None
+    rank_dir = Path(path).parent
+    attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
+    _wrap_save(type(model))
+    prefetch = getattr(model, PREFETCH_ATTR, None)
+    where = None
+    if isinstance(prefetch, _Prefetch):  # started when the model was built: overlapped loading
+        where = prefetch.join()
+        if prefetch.thread.is_alive():
+            return attempt  # the fetch bound is spent: vLLM compiles
+    if isinstance(prefetch, _Prefetch) and where == (attempt.root, attempt.rank):
+        fetched = prefetch.fetched
+    else:  # built before the plugin registered, or vLLM's path differs from the one computed
+        fetched = _prepare(attempt.root, attempt.key, attempt.rank)
+    if fetched is not None and fetched.reason == "hit" and fetched.manifest is not None:
+        attempt.manifest = fetched.manifest
+        aid = artifact_id(attempt.key, attempt.rank)
+        attempt.mark = breaker().arm(aid, as_observation(fetched.manifest))
+    return attempt
+
+
+def _prepare(root: Path, key: str, rank: str, prefetched: bool = False) -> Fetched | None:
+    """Recover this node's crash marks of (key, rank) (an avoided copy is removed), then
+    fetch and install the artifact if ``rank/model`` is missing. None when there is nothing
+    to fetch (vLLM's own copy serves) or no store."""
+    artifacts = store()
+    if artifacts is None:
+        return None
+    aid = artifact_id(key, rank)
+    avoid = breaker().recover(_Retractor(artifacts, key, rank), aid)
+    rank_dir = root / rank
+    if (rank_dir / "model").exists():
+        installed = installed_manifest(rank_dir)
+        if installed is None or as_observation(installed).digest not in avoid:
+            return None  # vLLM's own cache (or what an earlier boot installed) serves
+        log.warning(
+            "plancache: gate:crashed-before: compile artifact %s/%s: a boot on this node "
+            "died with it; removing it, vLLM compiles",
+            key[:12],
+            rank,
+        )
+        _remove(rank_dir)
+    fetched = artifacts.fetch(root, key, rank, avoid)
+    log.info(
+        "plancache: compile artifact %s/%s: %s%s (%.3f s%s)",
+        key[:12],
+        rank,
+        fetched.reason,
+        f" from {fetched.source}" if fetched.source else "",
+        fetched.seconds,
+        ", while the model loaded" if prefetched else "",
+    )
+    return fetched
+
+
+# -- the prefetch, when the model is built ---------------------------------------------------
+PREFETCH_ATTR = "_plancache_compile_prefetch"
+
+
+class _Prefetch:
+    """A fetch started when a ``support_torch_compile`` model was built, in a daemon thread:
+    it computes the artifact's path as vLLM will at the first forward, then ``_prepare``."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.where: tuple[Path, str] | None = None
+        self.fetched: Fetched | None = None
+        self.thread = threading.Thread(
+            target=self._run, name="plancache-compile-fetch", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.where = safely(_aot_path, self.model)
+        self.model = None  # no reference kept past the key
+        if self.where is not None:
+            root, rank = self.where
+            self.fetched = safely(_prepare, root, root.name, rank, True)
+
+    def join(self) -> tuple[Path, str] | None:
+        """Wait for the prefetch (at most the fetch bound, which its own fetch also obeys);
+        where it fetched for, or None if it computed no path or is still running."""
+        self.thread.join(settings().fetch_timeout)
+        return None if self.thread.is_alive() else self.where
+
+
+def _aot_path(model: Any) -> tuple[Path, str] | None:
+    """(vLLM's ``<key>`` directory, ``rank_<r>_<dp>``) of ``model``, computed as vLLM's
+    ``support_torch_compile.__call__`` does (vllm 0.33 decorators.py ~l.560-585); None where
+    vLLM will not load an AOT artifact."""
+    import vllm.envs as envs
+    from vllm.compilation import decorators
+    from vllm.compilation.caching import aot_compile_hash_factors
+
+    if model.do_not_compile or not (model._allow_aot_compile and envs.VLLM_USE_AOT_COMPILE):
+        return None
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        return None
+    factors: list[str] = aot_compile_hash_factors(model.vllm_config)
+    factors.append(decorators._model_hash_key(model.forward))
+    key = hashlib.sha256(str(factors).encode()).hexdigest()
+    root = Path(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile", key)
+    parallel = model.vllm_config.parallel_config
+    return root, check_rank(f"rank_{parallel.rank}_{parallel.data_parallel_index}")
+
+
+def _wrap_decorator(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's ``_support_torch_compile``, whose classes start the prefetch once built."""
+
+    @functools.wraps(original)
+    def support(cls: type, *args: Any, **kwargs: Any) -> type:
+        out: type = original(cls, *args, **kwargs)
+        init = vars(out).get("__init__")  # set on the class by the decorator
+        if callable(init) and not getattr(init, MARK, False):
+
+            @functools.wraps(init)
+            def __init__(self: Any, *a: Any, **kw: Any) -> None:
+                init(self, *a, **kw)
+                if settings().enabled and not getattr(self, "do_not_compile", True):
+                    prefetch = safely(_Prefetch, self)
+                    if prefetch is not None:
+                        object.__setattr__(self, PREFETCH_ATTR, prefetch)
+
+            setattr(__init__, MARK, True)
+            out.__init__ = __init__  # type: ignore[misc]
+        return out
+
+    setattr(support, MARK, True)
+    return support
+
+
+def _after_load(attempt: _Load, loaded: Any, warnings: list[str]) -> Any:
+    if loaded is None:
+        breaker().disarm(attempt.mark)  # refused, not crashed: vLLM compiles
+        reason = "; ".join(warnings) or "no reason logged"
+        log.warning(
+            "plancache: vLLM refused the installed compile artifact %s/%s and compiles: %s",
+            attempt.key[:12],
+            attempt.rank,
+            reason,
+        )
+        return None
+    mark = attempt.mark
+    return _FirstCall(loaded, lambda: breaker().disarm(mark))
+
+
+class _FirstCall:
+    """Calls ``fn``; after its first call returned, runs ``then`` once (never raising).
+    Everything else is ``fn``'s."""
+
+    def __init__(self, fn: Any, then: Callable[[], object]) -> None:
+        self._fn = fn
+        self._then: Callable[[], object] | None = then
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._fn(*args, **kwargs)
+        then, self._then = self._then, None
+        if then is not None:
+            safely(then)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+
+def _remove(rank_dir: Path) -> None:
+    """Take ``rank_dir`` out of vLLM's sight at once (a rename), then delete it."""
+    aside = rank_dir.parent / f"{TEMP_PREFIX}removed-{os.getpid()}-{time.time_ns()}"
+    os.rename(rank_dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+class _Retractor:
+    """What the breaker retracts through: deletes the stored artifact a boot died with
+    (only that one: by its manifest digest), in a daemon thread."""
+
+    def __init__(self, artifacts: ArtifactStore, key: str, rank: str) -> None:
+        self.artifacts, self.key, self.rank = artifacts, key, rank
+
+    def retract(self, fingerprint: str, observation: Observation) -> object:
+        digest = str(observation.producer.get("digest", ""))
+        # waited for at exit like an upload
+        return uploads.start(self.artifacts.retract, self.key, self.rank, digest)
+
+
+# -- the upload --------------------------------------------------------------------------------
+def _wrap_save(cls: type) -> None:
+    original = getattr(cls, "save_aot_compiled_function", None)
+    if not callable(original) or getattr(original, MARK, False):
+        return
+
+    @functools.wraps(original)
+    def save_aot_compiled_function(self: Any) -> None:
+        original(self)
+        safely(_after_save, self)
+
+    setattr(save_aot_compiled_function, MARK, True)
+    cls.save_aot_compiled_function = save_aot_compiled_function  # type: ignore[attr-defined]
+
+
+def _after_save(model: Any) -> None:
+    """Upload once the first forward with the new artifact returned (its kernels are then
+    on disk)."""
+    path = getattr(model, "_aot_compilation_path", None)
+    if not path or getattr(model, "was_aot_compile_fn_loaded_from_disk", False):
+        return
+    if not os.path.exists(path) or settings().enabled is False:
+        return
+    rank_dir = Path(path).parent
+    key, rank = check_key(rank_dir.parent.name), check_rank(rank_dir.name)
+    labels = _labels(model)
+    fn = model.aot_compiled_fn
+    model.aot_compiled_fn = _FirstCall(
+        fn, lambda: uploads.start(_upload, rank_dir.parent, key, rank, labels)
+    )
+
+
+def _labels(model: Any) -> dict[str, object]:
+    config = getattr(getattr(model, "vllm_config", None), "model_config", None)
+    return {"model": str(getattr(config, "model", "")), "class": type(model).__name__}
+
+
+def _upload(root: Path, key: str, rank: str, labels: dict[str, object]) -> None:
+    artifacts = store()
+    if artifacts is None:
+        return
+    start = time.monotonic()
+    try:
+        outcome = artifacts.upload(root, key, rank, labels, _producer())
+    except Exception as exc:
+        log.warning(
+            "plancache: compile artifact %s/%s not stored: %s: %s",
+            key[:12],
+            rank,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    log.info(
+        "plancache: compile artifact %s/%s stored: %s (%.3f s)",
+        key[:12],
+        rank,
+        ", ".join(f"{k}={'created' if v else 'kept'}" for k, v in outcome.items()) or "nowhere",
+        time.monotonic() - start,
+    )
+
+
+def _producer() -> dict[str, object]:
+    import torch
+    from vllm import __version__
+
+    return {"host": socket.gethostname(), "vllm": __version__, "torch": torch.__version__}
+
+
+def _at_exit() -> None:
+    bound = settings().exit_wait
+    if not uploads.wait(bound):
+        log.warning(
+            "plancache: a compile artifact upload was still running after %.0f s "
+            "(PLANCACHE_COMPILE_EXIT_WAIT); abandoned, nothing stored",
+            bound,
+        )

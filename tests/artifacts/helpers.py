@@ -1,0 +1,34 @@
+"""Synthetic AOT directories, shaped as vLLM 0.33 writes them (no vLLM needed)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from plancache.artifacts.archive import pack
+
+KEY = "e" * 64
+RANK = "rank_0_0"
+
+
+def make_tree(root: Path, model: bytes = b"MODEL-BYTES" * 100, kernels: int = 3) -> Path:
+    """``root`` (vLLM's ``<key>`` directory) holding ``RANK/model`` and some kernels."""
+    (root / "inductor_cache" / "ab").mkdir(parents=True, exist_ok=True)
+    for i in range(kernels):
+        (root / "inductor_cache" / "ab" / f"c{i}.py").write_text(f"kernel = {i}\n")
+    so = root / "inductor_cache" / "ab" / "k.so"
+    so.write_bytes(os.urandom(2000))
+    so.chmod(0o755)
+    deep = root / "inductor_cache" / "aotautograd" / "xy"
+    deep.mkdir(parents=True, exist_ok=True)
+    (deep / "entry").write_bytes(b"\0" * 513)
+    (root / RANK).mkdir(exist_ok=True)
+    (root / RANK / "model").write_bytes(model)
+    return root
+
+
+def stream(root: Path, compress: bool = True) -> io.BytesIO:
+    """The artifact of ``root`` for ``RANK``, in memory."""
+    _, chunks = pack(root, KEY, RANK, compress=compress)
+    return io.BytesIO(b"".join(chunks))

@@ -1,0 +1,128 @@
+"""One "node": a fresh process that runs vLLM 0.33.0's real ``support_torch_compile`` path on
+CPU for a tiny model and prints one JSON line (its counters and timings).
+
+Real: ``VllmConfig`` (``EngineArgs`` on a local ``config.json``), plugin discovery
+(``load_general_plugins``, so plancache's ``register`` runs as in any vLLM process), the
+``@support_torch_compile`` decorator in ``VLLM_COMPILE`` mode with AOT compile (Dynamo,
+Inductor, vLLM's backend), vLLM's own AOT save and load under ``VLLM_CACHE_ROOT``.
+
+CPU-only shims, here and never in the plugin (they stand for what a GPU platform does):
+vLLM's CPU platform downgrades ``VLLM_COMPILE`` to ``DYNAMO_TRACE_ONCE`` (whose AOT loads
+fail), so the mode is set back after the config is built; the CUDA wheel lacks ``vllm._C``,
+which ``FixFunctionalizationPass`` and the quant fusions need, so that pass is a no-op and
+the fusions are off; ``compile_sizes`` is unset
+without a model runner, so it is set to ``[]``.
+
+usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S]
+``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
+the artifact (a boot that dies with it). ``--wait-upload`` waits that long for plancache's
+background upload before exiting (0: leave it to the exit bound).
+Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from typing import Any
+
+START = time.perf_counter()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--die-after-load", action="store_true")
+    ap.add_argument("--wait-upload", type=float, default=0.0)
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+    import torch
+    from torch import nn
+    from vllm.compilation.counter import compilation_counter
+    from vllm.compilation.decorators import support_torch_compile
+    from vllm.compilation.passes.utility import fix_functionalization
+    from vllm.config import CompilationMode, VllmConfig, set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.forward_context import set_forward_context
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # plancache's register(), as in every vLLM process
+    fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None  # shim
+
+    engine_args = EngineArgs(
+        model=args.model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        enforce_eager=True,
+    )
+    config: VllmConfig = engine_args.create_engine_config()
+    config.compilation_config.mode = CompilationMode.VLLM_COMPILE  # shim: CPU downgrades it
+    config.compilation_config.backend = "inductor"
+    config.compilation_config.compile_sizes = []  # shim: no model runner sets it
+    passes = config.compilation_config.pass_config
+    for name in ("fuse_norm_quant", "fuse_act_quant"):  # shim: CUDA fusions (need vllm._C)
+        setattr(passes, name, False)
+
+    @support_torch_compile(dynamic_arg_dims={"x": 0})
+    class Tiny(nn.Module):  # type: ignore[misc]
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+            super().__init__()
+            self.up = nn.Linear(64, 128)
+            self.down = nn.Linear(128, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.nn.functional.silu(self.up(x))) + x
+
+    torch.manual_seed(0)
+    with set_current_vllm_config(config):
+        model = Tiny(vllm_config=config)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        eager = model.forward(x)
+
+    if args.die_after_load:
+        from vllm.compilation import decorators
+
+        loader = decorators._try_load_aot_compiled_fn
+
+        def load_then_die(*a: Any, **kw: Any) -> Any:
+            fn = loader(*a, **kw)
+            if fn is not None:
+                print(json.dumps({"loaded": True, "dying": True}), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return fn
+
+        decorators._try_load_aot_compiled_fn = load_then_die
+
+    first = time.perf_counter()
+    with set_current_vllm_config(config), set_forward_context(None, config), torch.no_grad():
+        out = model(x)
+    first_forward = time.perf_counter() - first
+    waited = None
+    if args.wait_upload:
+        from plancache.integrations.vllm import compile as share
+
+        t = time.perf_counter()
+        share.uploads.wait(args.wait_upload)
+        waited = time.perf_counter() - t
+    report = {
+        "first_forward_s": first_forward,
+        "process_s": time.perf_counter() - START,
+        "loaded_from_disk": bool(getattr(model, "was_aot_compile_fn_loaded_from_disk", False)),
+        "aot_compiles": compilation_counter.num_aot_compiles,
+        "aot_loaded": compilation_counter.num_aot_artifacts_loaded,
+        "aot_saved": compilation_counter.num_aot_artifacts_saved,
+        "equal_eager": bool(torch.allclose(out, eager, atol=1e-5)),
+        "upload_wait_s": waited,
+    }
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
