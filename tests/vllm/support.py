@@ -11,7 +11,6 @@ import itertools
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
