@@ -14,7 +14,13 @@ Settings (besides the plans' ``PLANCACHE_URL``, local tier, read-only mode and k
 Trust: with any signing or verify key configured, only artifacts validly signed by an
 accepted key are installed, from any store. Without a key, artifacts from a local store or
 the local tier are installed (trusted as vLLM's own cache directory is), and artifacts from a
-remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``.
+remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``, and never unsigned from a
+store the conformance probe found to ignore write preconditions (``plancache.probe``).
+
+Lying stores: a remote object store is written (uploads, retractions) only when the
+conformance probe found it honest, as plans are (``backends.guarded``), unless
+``PLANCACHE_TRUST_PRECONDITIONS=1``; the probe runs on the upload's background thread, never
+on a fetch's path, which reads only a verdict already known.
 
 Stores: the local tier first (when one is configured), then the store ``PLANCACHE_URL``
 names. An upload writes the remote store (never in read-only mode), then the local tier,
@@ -35,9 +41,11 @@ from pathlib import Path
 from plancache.artifacts.archive import ArtifactError, Readable, install, pack, read_manifest
 from plancache.artifacts.blobs import Blobs, LocalBlobs, blobs_for
 from plancache.artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
+from plancache.backends.guarded import GuardedStore, open_guarded
 from plancache.config import Settings, is_remote, parse_bool, parse_timeout
-from plancache.errors import ConfigError
+from plancache.errors import ConfigError, PlanStoreError
 from plancache.observation import Observation
+from plancache.probe import Verdict as StoreVerdict
 from plancache.signing import Verdict
 
 log = logging.getLogger("plancache")
@@ -134,6 +142,37 @@ class ArtifactStore:
         )
         self.remote = blobs_for(settings.url, dict(settings.storage_options))
         self.remote_is_remote = is_remote(settings.url)
+        self._guard: GuardedStore | None = None
+        self._guard_lock = threading.Lock()
+
+    def guard(self) -> GuardedStore | None:
+        """The conformance guard of the remote object store (opened on first use); None for
+        a local store or other fsspec stores (not atomic anyway: see ``FsspecStore``)."""
+        with self._guard_lock:
+            if self._guard is None and self.remote_is_remote:
+                s = self.settings
+                store = open_guarded(
+                    s.url, dict(s.storage_options), s.local_dir, trust=s.trust_preconditions
+                )
+                self._guard = store if isinstance(store, GuardedStore) else None
+            return self._guard
+
+    def check_writable(self) -> None:
+        """Return if the remote store may be written; else raise ``PlanStoreError`` (it
+        ignores write preconditions, its credentials may not write, or no verdict yet)."""
+        guard = self.guard()
+        if guard is not None:
+            guard.check_writable()
+
+    def lies(self) -> bool:
+        """True if the remote store is already known to ignore write preconditions (no
+        probe is run: a fetch's path never probes)."""
+        try:
+            guard = self.guard()
+        except Exception:  # cannot open the client: the fetch reports the store error
+            return False
+        known = guard.known() if guard is not None and not guard.trust else None
+        return known is not None and known.verdict is StoreVerdict.LIES
 
     def _sources(self) -> list[tuple[str, Blobs, bool]]:
         """(label, blobs, trusted without a signature), in reading order."""
@@ -150,6 +189,8 @@ class ArtifactStore:
             return None if verdict is Verdict.VALID else f"invalid:signature ({verdict})"
         if not (trusted or self.compile.trust_unsigned):
             return "untrusted: unsigned, from a remote store"
+        if not trusted and self.lies():
+            return "untrusted: unsigned, from a store that ignores write preconditions"
         return None
 
     def fetch(
@@ -218,7 +259,7 @@ class ArtifactStore:
         {destination: created} (False: an artifact was there already). Raises
         ``ArtifactError`` or ``PlanStoreError``."""
         destinations: list[tuple[str, Blobs]] = []
-        if not self.settings.read_only:
+        if not self.settings.read_only and self._may_write():
             destinations.append(("store", self.remote))
         if self.local is not None:
             destinations.append(("local-tier", self.local))
@@ -243,7 +284,7 @@ class ArtifactStore:
         name = object_name(key, rank)
         gone = []
         targets = [("local-tier", self.local)] if self.local is not None else []
-        if not self.settings.read_only:
+        if not self.settings.read_only and self._may_write():
             targets.append(("store", self.remote))
         for label, blobs in targets:
             assert blobs is not None
@@ -263,10 +304,21 @@ class ArtifactStore:
                 )
         return gone
 
+    def _may_write(self) -> bool:
+        """True if the remote store may be written now; else logs why not (once per call)."""
+        try:
+            self.check_writable()
+        except PlanStoreError as exc:
+            log.warning("plancache: compile artifacts: not written to the store: %s", exc)
+            return False
+        return True
+
     def close(self) -> None:
         for blobs in (self.local, self.remote):
             if blobs is not None:
                 blobs.close()
+        if self._guard is not None:
+            self._guard.close()
 
 
 class Uploads:

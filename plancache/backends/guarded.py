@@ -194,6 +194,15 @@ class GuardedStore(PlanStore):
                 f"{self.url}: not written: the conformance probe gave no verdict ({why})"
             )
 
+    def known(self) -> ProbeResult | None:
+        """The verdict already known (in memory or cached on disk), without probing; None
+        if there is none. For read paths, which never probe."""
+        with self._lock:
+            if self._result is not None and time.monotonic() < self._expires:
+                return self._result
+        cached = self.verdicts.load(identity(self.store)) if self.verdicts is not None else None
+        return None if cached is None else cached[0]
+
     def verdict(self) -> ProbeResult:
         """The store's verdict: the one known, else that of a probe started now or already
         running (waiting at most ``probe_timeout`` seconds for it)."""

@@ -22,6 +22,7 @@ from plancache.config import Settings
 from plancache.errors import ConfigError
 from plancache.signing import Keyring
 from plancache.testing import child_env
+from plancache.testing.hostile import LyingProxy
 from plancache.testing.servers import FakeGCS, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
 
@@ -36,6 +37,13 @@ def s3(moto_s3: MotoS3, bucket: str) -> tuple[str, dict[str, Any]]:
 
 def gcs(fake_gcs: FakeGCS, bucket: str) -> tuple[str, dict[str, Any]]:
     return f"gs://{bucket}/fleet", {"endpoint_url": fake_gcs.endpoint, "token": "anon"}
+
+
+@pytest.fixture(autouse=True)
+def _node_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This node's default directory (the conformance verdicts of remote stores) is the
+    test's own."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "node"))
 
 
 def store(
@@ -95,6 +103,30 @@ def test_keys_decide_whatever_the_store(
     foreign = store(url, options, Keyring(verify_keys=[K2]))
     assert foreign.fetch(tmp_path / "c" / KEY, KEY, RANK).reason == "invalid"
     assert not (tmp_path / "c" / KEY / RANK).exists()
+
+
+@pytest.mark.parametrize("backend", ["s3", "gcs"])
+def test_a_store_that_ignores_preconditions_gets_no_artifact_and_no_unsigned_trust(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    url, options = _remote(backend, request)
+    src = make_tree(tmp_path / "a" / KEY)
+    with LyingProxy(options["endpoint_url"]) as proxy:
+        lying = dict(options, endpoint_url=proxy.endpoint)
+        node = store(url, lying, local_tier=str(tmp_path / "tier"), trust_unsigned=True)
+        assert node.upload(src, KEY, RANK) == {"local-tier": True}  # the probe said "lies"
+        assert list(blobs_for(url, options).names()) == []  # not one artifact remotely
+        assert node.retract(KEY, RANK, "0" * 64) == []
+        assert node.local is not None and node.local.delete(NAME)
+        assert store(url, options).upload(src, KEY, RANK) == {"store": True}  # honest path
+        refused = node.fetch(tmp_path / "b" / KEY, KEY, RANK)
+        assert refused.reason == "invalid" and not (tmp_path / "b" / KEY).exists()
+        other = "f" * 64  # another key: the store keeps the first artifact of each
+        signer = store(url, options, Keyring(K1))
+        assert signer.upload(make_tree(tmp_path / "s" / other), other, RANK) == {"store": True}
+        keyed = store(url, lying, Keyring(verify_keys=[K1]), local_tier=str(tmp_path / "tier"))
+        assert keyed.fetch(tmp_path / "c" / other, other, RANK).reason == "hit"  # signed: ok
+        assert [m for m, _ in proxy.requests if m in {"PUT", "POST", "DELETE"}]  # the probe's
 
 
 def test_unsigned_local_artifact_is_refused_when_keys_are_set(tmp_path: Path) -> None:
