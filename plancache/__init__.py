@@ -29,7 +29,7 @@ from plancache.errors import (
 )
 from plancache.fingerprint import fingerprint  # bound now: the submodule shares its name
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 if TYPE_CHECKING:
     from plancache.backends import open_store
