@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from plancache import fingerprint, open_store
+from plancache import Plan, fingerprint, open_store
 from plancache.testing import GiB
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 from tests.vllm.launcher import Boot, Launcher
@@ -219,9 +219,13 @@ BAD = (40 * GiB, 70 * GiB)
 """A plausible observation (KV below requested 73.6 GiB minus 16 GiB of weights) whose boots
 die in the warm-up: a plan that does not fit after all."""
 WRITES = {"PUT", "POST", "DELETE", "PATCH"}
-LOADED = {"timeout": 20.0}
-"""The test's own reads: the 3 s default can pass on a loaded machine (a client's first
-call loads its TLS settings)."""
+
+
+def _record(url: str, options: dict[str, Any], fp: str) -> Plan | None:
+    """The record at ``fp``, read by the test itself: a remote read gets 20 s (the 3 s default
+    can pass on a loaded machine, where a client's first call loads its TLS settings)."""
+    bound = {"timeout": 20.0} if "://" in url else {}
+    return open_store(url, **options, **bound).get(fp)
 
 
 class Node:
@@ -312,14 +316,14 @@ def test_a_bad_plan_costs_each_node_at_most_one_boot(
         assert profiled != BAD[0]
         fp = fingerprint(second[0][0]["factors"])
         for kind, (url, options) in shared.items():
-            record = open_store(url, **options, **LOADED).get(fp)
+            record = _record(url, options, fp)
             assert record is not None, kind
             assert [t.observation for t in record.retracted] == [bad[kind]], kind
             assert [o.kv_cache_memory_bytes for o in record.observations] == [profiled], kind
 
         writes = [r for r in proxy.requests if r[0] in WRITES]
         assert not writes and proxy.requests  # the read-only node read, never wrote
-        stale = open_store(ro_url, **s3_options, **LOADED).get(fp)
+        stale = _record(ro_url, s3_options, fp)
         assert stale is not None and bad["read-only"] in {o.digest for o in stale.observations}
 
     # 3. a third node with an empty local tier applies the new observation, not the bad one;
