@@ -78,7 +78,9 @@ def serve(path: str) -> tuple[dict[str, Any], list[int]]:
         if not _readable(listener):
             continue
         conn, _ = listener.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        while not message.endswith(b"\n") and (rest := conn.recv(1 << 16)):
+            message += rest  # a long request
         if _threads() != 1:
             conn.sendall(b"error: the launcher holds %d threads\n" % _threads())
             conn.close()
@@ -235,7 +237,7 @@ class Launcher:
         try:
             conn.connect(self._path)
             request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd)}
-            socket.send_fds(conn, [json.dumps(request).encode()], [null, out_w, err_w])
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [null, out_w, err_w])
             reply = _line(conn)
         finally:
             for fd in (null, out_w, err_w):
