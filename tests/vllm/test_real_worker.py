@@ -221,11 +221,15 @@ die in the warm-up: a plan that does not fit after all."""
 WRITES = {"PUT", "POST", "DELETE", "PATCH"}
 
 
+def _bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with 20 s per remote call (boots' and the test's own): the 3 s default can
+    pass on a loaded machine, where a client's first call loads its TLS settings."""
+    return {**options, "timeout": 20.0} if "://" in url else options
+
+
 def _record(url: str, options: dict[str, Any], fp: str) -> Plan | None:
-    """The record at ``fp``, read by the test itself: a remote read gets 20 s (the 3 s default
-    can pass on a loaded machine, where a client's first call loads its TLS settings)."""
-    bound = {"timeout": 20.0} if "://" in url else {}
-    return open_store(url, **options, **bound).get(fp)
+    """The record at ``fp``, read by the test itself."""
+    return open_store(url, **_bounded(url, options)).get(fp)
 
 
 class Node:
@@ -234,7 +238,7 @@ class Node:
 
     def __init__(self, home: Path, url: str, options: dict[str, Any], **extra: str) -> None:
         self.env = {
-            "PLANCACHE_STORAGE_OPTIONS": json.dumps(options),
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(_bounded(url, options)),
             "VLLM_CACHE_ROOT": str(home),
             "PLANCACHE_TIMEOUT": "20",  # the 2 s default can pass on a loaded machine
         }
