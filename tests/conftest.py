@@ -14,6 +14,18 @@ import pytest
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 
 pytest_plugins = ["pytester"]  # tests/testing runs contract subclasses as users write them
+SLOW_CONTRACT_TESTS = {
+    "test_processes_racing_converge_on_an_undominated_plan",
+    "test_processes_adding_incomparable_observations_lose_none",
+}
+"""The contract's process races: marked ``slow`` here, not in the kit, whose users need not
+register the marker."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.name.split("[")[0] in SLOW_CONTRACT_TESTS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -115,8 +115,9 @@ def test_a_store_that_stalls_is_cut_off_at_the_budget(tmp_path: Path) -> None:
     r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
     elapsed = time.monotonic() - start
     assert (d.reason, r.reason) == ("timeout", "timeout")
-    assert 0.6 <= elapsed < 1.0
-    assert 0.3 <= d.seconds < 0.5
+    # each call waits its 0.3 s budget, never the 3 s stall (loose: a loaded machine is slow)
+    assert 0.6 <= elapsed < 2.5
+    assert 0.3 <= d.seconds < 2.0
 
 
 def test_store_factory_is_opened_lazily_and_within_budget(tmp_path: Path) -> None:
@@ -131,7 +132,7 @@ def test_store_factory_is_opened_lazily_and_within_budget(tmp_path: Path) -> Non
     assert calls == []
     start = time.monotonic()
     assert cache.lookup(FACTORS, 1).reason == "timeout"
-    assert time.monotonic() - start < 0.4
+    assert time.monotonic() - start < 1.5  # the 0.2 s budget, not the 2 s open
 
 
 def test_from_env_uses_the_configured_directory(tmp_path: Path) -> None:
@@ -147,17 +148,17 @@ def test_timeout_must_be_positive(store: PlanStore) -> None:
 
 
 def test_warm_opens_the_store_in_the_background(tmp_path: Path) -> None:
-    opened = threading.Event()
+    release, opened = threading.Event(), threading.Event()
 
     def slow_factory() -> PlanStore:
-        time.sleep(0.5)
+        release.wait(10)
         opened.set()
         return LocalStore(tmp_path)
 
     cache = PlanCache(slow_factory, timeout=0.3)
-    start = time.monotonic()
-    cache.warm()
-    assert time.monotonic() - start < 0.1
+    cache.warm()  # returns while the store is still opening
+    assert not opened.is_set()
+    release.set()
     assert opened.wait(5)
     assert cache.lookup(FACTORS, 1).reason == "miss"
 

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from plancache import InvalidPlanError
 from plancache.backends.local import LocalStore
 from plancache.testing import GiB, make_plan
@@ -47,8 +49,12 @@ def _reader(
     out.put((reads, hits, invalid))
 
 
+@pytest.mark.slow
 def test_sigkilled_writers_never_expose_a_torn_plan(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
+    # forkserver, not fork: this process may hold threads (servers, background saves), and a
+    # forked child could inherit a lock one of them held and hang
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     root = str(tmp_path)
     stop, out = ctx.Event(), ctx.Queue()
     readers = [ctx.Process(target=_reader, args=(root, stop, out), daemon=True) for _ in range(2)]

@@ -57,6 +57,7 @@ print(json.dumps({"growth": hwm() - before, "reason": reason, "seconds": seconds
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("action", ["lookup", "record"])
 @pytest.mark.parametrize("backend", ["s3", "gcs"])
 @pytest.mark.parametrize("status", [500, 200])

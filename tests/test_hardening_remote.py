@@ -51,7 +51,7 @@ def test_local_tier_answers_while_the_remote_client_opens(
     start = time.monotonic()
     decision = cache.lookup(FACTORS, current_free_memory=80 * GiB)
     assert decision.reason == "hit", decision
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 4.0  # never waits out the client's 5 s opening
 
 
 def test_opening_a_remote_client_is_bounded(fake_gcs: FakeGCS, slow_token_check: None) -> None:

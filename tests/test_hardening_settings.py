@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import secrets
 import subprocess
 import sys
@@ -53,6 +52,11 @@ def test_out_of_range_storage_option_bounds_are_rejected(option: dict[str, float
 
 
 KEY = secrets.token_hex(32)
+ONE_GIB_OF_MEMORY = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+"""
+"""Set first in the child (not by ``preexec_fn``, which is unsafe in a threaded parent)."""
 READ_KEYS = """
 import time
 from plancache.config import keyring_from_env
@@ -66,10 +70,6 @@ print(f"{time.monotonic() - start:.3f} s")
 """
 
 
-def _one_gib_of_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
-
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "link-to-a-fifo"])
 def test_a_key_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
     """In a fresh process with 1 GiB of address space (what the vLLM plugin does when vLLM
@@ -81,12 +81,11 @@ def test_a_key_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, k
         path = tmp_path / "link"
         path.symlink_to(tmp_path / "fifo")
     out = subprocess.run(
-        [sys.executable, "-c", READ_KEYS],
+        [sys.executable, "-c", ONE_GIB_OF_MEMORY + READ_KEYS],
         env=child_env(PLANCACHE_SIGNING_KEY_FILE=str(path)),
         capture_output=True,
         text=True,
         timeout=30,
-        preexec_fn=_one_gib_of_memory,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     message, seconds = out.stdout.splitlines()

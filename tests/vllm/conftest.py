@@ -12,7 +12,8 @@ import pytest
 import plancache.integrations.vllm as plugin
 from plancache.integrations.vllm import apply, factors, registration
 from plancache.testing import SETTINGS_VARS
-from tests.vllm.support import fake_device_factors, fake_software_factors, load_standin
+from tests.vllm.launcher import Launcher
+from tests.vllm.support import boot_env, fake_device_factors, fake_software_factors, load_standin
 
 
 @pytest.fixture
@@ -42,3 +43,10 @@ def gpu(store_dir: Path) -> ModuleType:
     module = load_standin()
     assert plugin.patch_worker_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Forks fresh processes from one that imported torch and vLLM once (real vLLM only)."""
+    with Launcher(tmp_path_factory.mktemp("launcher"), boot_env()) as started:
+        yield started

@@ -15,14 +15,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plancache import Plan, fingerprint, open_store
 from plancache.integrations.vllm import factors
 from plancache.integrations.vllm.factors import DeviceFactors, SoftwareFactors, as_scalars
 from plancache.integrations.vllm.save import wait_saved
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.testing import GiB
+from plancache.testing import GiB, child_env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -46,6 +46,13 @@ MODEL_CONFIG = {
     "torch_dtype": "float32",
 }
 """A tiny Llama: a real ``VllmConfig`` is built from a directory holding only this file."""
+BOOT_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "GLOO_SOCKET_IFNAME": "lo",
+}
+"""What every boot of the real worker runs with."""
 _counter = itertools.count()
 
 if TYPE_CHECKING:  # the stand-in has every attribute the plugin reads
@@ -59,6 +66,20 @@ def vllm_installed() -> bool:
     ``tests/`` is on the path, e.g. ``python -m pytest`` run inside ``tests/``)."""
     spec = importlib.util.find_spec("vllm")
     return spec is not None and spec.origin is not None and Path(spec.origin).parent != HERE
+
+
+def boot_env(**env: str) -> dict[str, str]:
+    """A boot's environment: this process's without plancache's settings, ``BOOT_ENV`` and
+    ``env``; ``REPO`` and the S3 client (s3fs) on its path."""
+    return child_env([REPO, *_s3_client_path()], **{**BOOT_ENV, **env})
+
+
+def _s3_client_path() -> list[str]:
+    """Where this process found the S3 client (s3fs), so a child finds it too."""
+    spec = importlib.util.find_spec("s3fs")
+    if spec is None or spec.origin is None:
+        return []
+    return [str(Path(spec.origin).parent.parent)]
 
 
 def fake_software_factors() -> SoftwareFactors:
@@ -130,9 +151,18 @@ def key_of(worker: WorkerLike) -> str:
     return fingerprint(as_scalars(factors.worker_factors(worker)))
 
 
-def outcomes(
-    *procs: subprocess.Popen[str], timeout: float
-) -> Iterator[tuple[int, dict[str, Any], str]]:
+class Child(Protocol):
+    """What ``outcomes`` needs of a child: a ``subprocess.Popen`` or a launcher's boot."""
+
+    returncode: int | None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]: ...
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def outcomes(*procs: Child, timeout: float) -> Iterator[tuple[int, dict[str, Any], str]]:
     """Each process's exit status, the last JSON object line of its stdout and its log
     (stdout and stderr), in order; all of them must end within ``timeout`` seconds (any
     left running is killed)."""

@@ -1,27 +1,26 @@
 """End to end on the REAL vLLM 0.33.0 ``gpu_worker.Worker`` (``tox -e vllm``): each boot is
-a fresh process running ``real_worker.py``; real ``VllmConfig``, real plugin discovery, real
-gloo world group for TP=2; only the GPU memory counters and the model runner are faked.
-Independent boots run side by side to keep the suite short."""
+a fresh process running ``real_worker.py``, forked by a launcher that imported torch and vLLM
+once (``launcher.py``); real ``VllmConfig``, real plugin discovery, real gloo world group for
+TP=2; only the GPU memory counters and the model runner are faked. Independent boots run
+side by side to keep the suite short."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plancache import fingerprint, open_store
-from plancache.testing import GiB, child_env
+from plancache import Plan, fingerprint, open_store
+from plancache.testing import GiB
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 from tests.vllm import support
-from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, vllm_installed
+from tests.vllm.launcher import Boot, Launcher
+from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, boot_env, vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
@@ -29,6 +28,15 @@ pytestmark = [
 ]
 BOOT_TIMEOUT_S = 200.0
 Report = dict[str, Any]
+_launchers: list[Launcher] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forks_from(launcher: Launcher) -> Iterator[None]:
+    """Every ``boot`` of this module forks from ``launcher``."""
+    _launchers.append(launcher)
+    yield
+    _launchers.remove(launcher)
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +53,6 @@ def _port() -> int:
     return port
 
 
-def _extra_paths() -> list[str]:
-    """Where this process found the S3 client (s3fs), so a child finds it too."""
-    spec = importlib.util.find_spec("s3fs")
-    if spec is None or spec.origin is None:
-        return []
-    return [str(Path(spec.origin).parent.parent)]
-
-
 def boot(
     model_dir: Path,
     store: str,
@@ -62,38 +62,22 @@ def boot(
     port: int = 0,
     environ: Mapping[str, str] | None = None,
     **env: str,
-) -> subprocess.Popen[str]:
+) -> Boot:
     """Start one boot of the real worker (rank ``rank`` of ``world``) on ``store``, with
     ``environ`` and ``env`` in its environment."""
-    child = child_env(
-        [REPO, *_extra_paths()],
-        PLANCACHE_URL=store,
-        VLLM_TARGET_DEVICE="cpu",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        **(environ or {}),
-        **env,
-    )
-    command = [sys.executable, str(REAL_WORKER), "--model-dir", str(model_dir)]
+    command = [str(REAL_WORKER), "--model-dir", str(model_dir)]
     command += ["--rank", str(rank), "--world-size", str(world), "--port", str(port or _port())]
-    return subprocess.Popen(
-        [*command, *args],
-        env=child,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = boot_env(PLANCACHE_URL=store, **(environ or {}), **env)
+    return _launchers[-1].start([*command, *args], child, REPO)
 
 
-def outcomes(*procs: subprocess.Popen[str]) -> Iterator[tuple[int, Report, str]]:
+def outcomes(*procs: Boot) -> Iterator[tuple[int, Report, str]]:
     """Each boot's exit status, its last JSON line and its log (stdout and stderr), in order;
     every boot must end in time."""
     return support.outcomes(*procs, timeout=BOOT_TIMEOUT_S)
 
 
-def reports(*procs: subprocess.Popen[str]) -> Iterator[tuple[Report, str]]:
+def reports(*procs: Boot) -> Iterator[tuple[Report, str]]:
     """Each boot's JSON report and its log, in order; every boot must exit 0 in time."""
     for returncode, report, log in outcomes(*procs):
         assert returncode == 0, log[-4000:]
@@ -226,13 +210,24 @@ die in the warm-up: a plan that does not fit after all."""
 WRITES = {"PUT", "POST", "DELETE", "PATCH"}
 
 
+def _bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with 20 s per remote call (boots' and the test's own): the 3 s default can
+    pass on a loaded machine, where a client's first call loads its TLS settings."""
+    return {**options, "timeout": 20.0} if "://" in url else options
+
+
+def _record(url: str, options: dict[str, Any], fp: str) -> Plan | None:
+    """The record at ``fp``, read by the test itself."""
+    return open_store(url, **_bounded(url, options)).get(fp)
+
+
 class Node:
     """A node's settings: the shared store, its own local tier (remote stores) and default
     directory."""
 
     def __init__(self, home: Path, url: str, options: dict[str, Any], **extra: str) -> None:
         self.env = {
-            "PLANCACHE_STORAGE_OPTIONS": json.dumps(options),
+            "PLANCACHE_STORAGE_OPTIONS": json.dumps(_bounded(url, options)),
             "VLLM_CACHE_ROOT": str(home),
             "PLANCACHE_TIMEOUT": "20",  # the 2 s default can pass on a loaded machine
         }
@@ -242,7 +237,7 @@ class Node:
         self.url = url
         self.marks = Path(self.env.get("PLANCACHE_LOCAL_TIER", url)) / "marks"
 
-    def boot(self, model_dir: Path, *args: str) -> subprocess.Popen[str]:
+    def boot(self, model_dir: Path, *args: str) -> Boot:
         return boot(model_dir, self.url, *args, environ=self.env)
 
 
@@ -314,14 +309,14 @@ def test_a_bad_plan_costs_each_node_at_most_one_boot(
         assert profiled != BAD[0]
         fp = fingerprint(second[0][0]["factors"])
         for kind, (url, options) in shared.items():
-            record = open_store(url, **options).get(fp)
+            record = _record(url, options, fp)
             assert record is not None, kind
             assert [t.observation for t in record.retracted] == [bad[kind]], kind
             assert [o.kv_cache_memory_bytes for o in record.observations] == [profiled], kind
 
         writes = [r for r in proxy.requests if r[0] in WRITES]
         assert not writes and proxy.requests  # the read-only node read, never wrote
-        stale = open_store(ro_url, **s3_options).get(fp)
+        stale = _record(ro_url, s3_options, fp)
         assert stale is not None and bad["read-only"] in {o.digest for o in stale.observations}
 
     # 3. a third node with an empty local tier applies the new observation, not the bad one;
