@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from plancache import Plan, fingerprint, open_store
 from plancache.integrations.vllm import factors
@@ -151,19 +151,9 @@ def key_of(worker: WorkerLike) -> str:
     return fingerprint(as_scalars(factors.worker_factors(worker)))
 
 
-class Child(Protocol):
-    """What ``outcomes`` needs of a child: a ``subprocess.Popen`` or a launcher's boot."""
-
-    returncode: int | None
-
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]: ...
-    def poll(self) -> int | None: ...
-    def kill(self) -> None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-
-
-def outcomes(*procs: Child, timeout: float) -> Iterator[tuple[int, dict[str, Any], str]]:
-    """Each process's exit status, the last JSON object line of its stdout and its log
+def outcomes(*procs: Any, timeout: float) -> Iterator[tuple[int, dict[str, Any], str]]:
+    """``procs``: ``subprocess.Popen`` or ``tests.vllm.launcher.Boot`` children. Each one's
+    exit status, the last JSON object line of its stdout and its log
     (stdout and stderr), in order; all of them must end within ``timeout`` seconds (any
     left running is killed)."""
     deadline = time.monotonic() + timeout
