@@ -2,10 +2,10 @@
 
 ``python -m benchmarks`` runs the compile-artifact boots first (real vLLM compiles on this
 CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
-local store costs, ``import plancache`` cost, S3 and GCS
-costs on loopback servers it starts itself, the fleet simulation, and the real-boot
-benchmark when a GPU and vLLM are present (else it says it is skipped and why). It writes
-a table to the terminal, ``results.json`` and ``results.png``.
+local store costs, ``import plancache`` cost, S3 and GCS costs on loopback servers it starts
+itself, write contention on one key, the fleet simulation, and the real-boot benchmark when
+a GPU and vLLM are present (else it says it is skipped and why). It writes a table to the
+terminal, ``results.json`` and ``results.png``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from benchmarks import (
     boot,
     compile_share,
+    contention,
     fleet,
     local_costs,
     machine,
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         results["stores"].update(store_costs.measure_remote(args.remote_samples))
         print("measuring the vLLM plugin's critical-path cost ...", flush=True)
         results["plugin_costs"] = plugin_costs.measure()
+    if not args.fleet_only:
+        print("measuring write contention on one key ...", flush=True)
+        remote = ("s3", "gcs")
+        suite = {b: n for b, n in contention.SUITE.items() if not (args.no_remote and b in remote)}
+        results["contention"] = contention.measure(suite)
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
         shared_options: dict[str, Any]

@@ -81,8 +81,35 @@ def table(results: dict[str, Any]) -> str:
                 f"{g['max_pct']:.3f} %)"
             )
         lines.append("  clean seeds: no node profiled again after its first profile, in any round")
+    if results.get("contention"):
+        lines.append("")
+        lines.append(
+            "write contention: writers put one observation each on one key at once "
+            "(requests: the store's primitive calls; sim: 5 ms per call, in-process)"
+        )
+        lines.append(contention_table(results["contention"]))
     lines.append("")
     lines.append(f"real boot: {results['boot']}")
+    return "\n".join(lines)
+
+
+def contention_table(results: dict[str, Any]) -> str:
+    """One line per contention run (``benchmarks.contention``): requests and seconds per
+    put (p50 / p99 / max), writers that gave up, observations lost."""
+    lines = [
+        f"  {'store':6s} {'workload':9s} {'writers':>7s} {'requests p50/p99/max':>21s} "
+        f"{'seconds p50/p99/max':>24s} {'gave up':>7s} {'lost':>5s}"
+    ]
+    for backend, by_workload in results.items():
+        for workload, by_n in by_workload.items():
+            for n, r in by_n.items():
+                q, s = r["requests"], r["seconds"]
+                lines.append(
+                    f"  {backend:6s} {workload:9s} {n:>7s} "
+                    f"{q['p50']:>7g} /{q['p99']:>4g} /{q['max']:>4g} "
+                    f"{s['p50']:>8.3f} /{s['p99']:>6.3f} /{s['max']:>6.3f} "
+                    f"{r['gave_up']:>7d} {r['lost']:>5d}"
+                )
     return "\n".join(lines)
 
 

@@ -1,8 +1,9 @@
 """What a plan costs on the object stores: latency and requests per operation.
 
 ``measure_remote(n)`` starts moto (S3) and fake-gcs-server (GCS) on loopback and reports, per
-backend, p50/p99 of get_hit, get_miss, put_create, put_merge (a dominating plan: create
-refused, read, compare-and-swap), put_kept (create refused, read), ``PlanCache`` lookup_miss,
+backend, p50/p99 of get_hit, get_miss, put_create, put_merge (a dominating plan: read,
+compare-and-swap), put_kept (read), by a store that has seen the record (a writer that has
+not sends a create first, refused), ``PlanCache`` lookup_miss,
 lookup_hit and record (the same calls through the cache's time budget), the first read of a
 fresh store (client setup included), and the requests each operation sends (counted by a
 proxy), beside raw s3fs ``cat_file`` (HEAD + GET) as the baseline. Loopback figures measure

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -106,8 +107,12 @@ def read_entry(store: PlanStore, fp: str) -> Entry | None:
         raw = store.read_raw(fp)
     except InvalidPlanError as exc:
         return Entry(fp, b"", None, str(exc))
-    if raw is None:
-        return None
+    return None if raw is None else judge(store, fp, raw)
+
+
+def judge(store: PlanStore, fp: str, raw: bytes) -> Entry:
+    """The record ``raw`` stored under ``fp``, checked against every rule of the format and
+    judged by the store's keys."""
     try:
         plan = Plan.decode(raw, expected_fingerprint=fp)
     except UnsupportedSchemaError as exc:
@@ -197,25 +202,30 @@ class Verification:
 def verify(store: PlanStore, *, fix: bool = False, require_signature: bool = False) -> Verification:
     """Check every record against the format's rules, and with ``require_signature`` its
     signature against the store's keys (``ValueError`` if it holds none); with ``fix``,
-    delete the records found, each re-read first so that a good record written since is
-    kept."""
+    delete the records found, each re-read, judged again and deleted only as judged
+    (``PlanStore.delete_if``), so that a good record written since is kept. An entry that is
+    no file at all (a local FIFO, directory or link named like a plan) is removed as found."""
     if require_signature and not store.keyring.requires_signature:
         raise ValueError("requiring signatures needs keys (PLANCACHE_SIGNING_KEY, ...)")
 
     def bad(e: Entry) -> bool:
         return e.invalid or (require_signature and e.rejected is not None)
 
+    def doomed(fp: str, raw: bytes) -> bool:
+        return bad(judge(store, fp, raw))
+
     entries = scan(store)
     findings = []
     for e in filter(bad, entries):
         outcome = None
         if fix:
-            again = read_entry(store, e.fingerprint)
-            if again is None or bad(again):
-                store.delete(e.fingerprint)
-                outcome = Fix.DELETED
-            else:
-                outcome = Fix.NOW_VALID
+            fp = e.fingerprint
+            try:
+                gone = store.delete_if(fp, functools.partial(doomed, fp))
+            except InvalidPlanError:  # no file at all: nothing a writer wrote
+                store.delete(fp)
+                gone = True
+            outcome = Fix.DELETED if gone else Fix.NOW_VALID
         findings.append(Finding(e, outcome))
     kept = [e for e in entries if e.other_schema and not bad(e)]
     return Verification(len(entries), findings, kept)

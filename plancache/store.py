@@ -1,21 +1,25 @@
-"""The ``PlanStore`` contract and the one merge loop (no I/O libraries).
+"""The ``PlanStore`` contract and the one compare-and-swap loop (no I/O libraries).
 
-Backends implement five primitives (read with a version token, create-if-absent,
-replace-if-version-matches, delete, list); everything else, including the merge of
-concurrent writers and the signing of what is written (``PlanStore.keyring``, see
-``plancache.signing``), lives here once.
+Backends implement six primitives (read with a version token, create-if-absent,
+replace-if-version-matches, delete-if-version-matches, delete, list); everything else,
+including the merge of concurrent writers, the backoff of those that lose a race and the
+signing of what is written (``PlanStore.keyring``, see ``plancache.signing``), lives here once.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import logging
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
+from plancache.defaults import PUT_BUDGET_S
 from plancache.errors import (
     InvalidPlanError,
     PlanStoreConflictError,
@@ -23,16 +27,21 @@ from plancache.errors import (
     UnsupportedSchemaError,
 )
 from plancache.fingerprint import validate_key
-from plancache.merge import merge, retract
+from plancache.merge import covers, merge, retract
 from plancache.observation import Observation
 from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")
+R = TypeVar("R")
+Found = tuple[bytes, object] | None
+"""What ``PlanStore._read`` returns: the record's bytes and version token, or None."""
 
 CONTENT_TYPE = "application/json"
 READ_LIMIT = MAX_RECORD_BYTES + 1
 """Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
+MAX_SEEN = 4096
+"""Fingerprints a store object remembers having seen stored (``PlanStore._seen``)."""
 
 
 def content_version(data: bytes) -> str:
@@ -61,6 +70,30 @@ class Retraction:
     without that observation, which still gets its tombstone)."""
 
 
+Put = tuple[PutOutcome, Plan | None]
+"""What ``PlanStore.put_merged`` returns."""
+
+
+@dataclass(frozen=True)
+class _Step(Generic[R]):
+    """What one round of the compare-and-swap loop does with the record it read: write
+    ``data`` (create it where no record was read, else replace the version read), or
+    ``delete`` the version read, or nothing; then return ``result``."""
+
+    result: R
+    data: bytes | None = None
+    delete: bool = False
+
+
+def _adds_nothing(stored: Plan, new: Plan, merged: Plan) -> bool:
+    """True if merging ``new`` into ``stored`` gives no node anything: every observation of
+    ``new`` is covered by the stored frontier and no tombstone changes (labels, and which of
+    two equal points is kept, are not worth a write)."""
+    return merged.retracted == stored.retracted and all(
+        covers(stored.observations, o) for o in new.observations
+    )
+
+
 class PlanStore(ABC):
     """Where plans live. Guarantees, for every backend that passes the conformance suite:
 
@@ -75,8 +108,10 @@ class PlanStore(ABC):
 
     #: False where the backend cannot make create/replace atomic (documented per backend).
     atomic: bool = True
-    #: Bound on the merge loop's attempts when racing writers keep winning.
+    #: Bound on the compare-and-swap loop's rounds when racing writers keep winning.
     max_put_attempts: int = 16
+    #: Seconds after which the compare-and-swap loop starts no new round (``PUT_BUDGET_S``).
+    put_budget_s: float = PUT_BUDGET_S
     #: Signs what the store writes and judges what it reads (``plancache.signing``).
     keyring: Keyring = NO_KEYS
 
@@ -107,8 +142,14 @@ class PlanStore(ABC):
         """Overwrite only if the stored version is still ``version``; False otherwise."""
 
     @abstractmethod
+    def _delete_if(self, fp: str, version: object) -> bool:
+        """Remove the record only if its version is still ``version`` (a token ``_read``
+        returned); False if it changed or is gone. Atomic where the service honours the
+        precondition (see each backend)."""
+
+    @abstractmethod
     def _delete(self, fp: str) -> bool:
-        """Remove the record; False if it was absent."""
+        """Remove the record, whatever its version; False if it was absent."""
 
     @abstractmethod
     def _list(self) -> Iterator[str]:
@@ -119,7 +160,7 @@ class PlanStore(ABC):
         """The valid plan stored under ``fp``, or None. Invalid records raise
         ``InvalidPlanError`` (``InvalidSignatureError`` where the keyring holds keys and none
         of them signed the record); store failures raise ``PlanStoreError``."""
-        found = self._read(validate_key(fp))
+        found = self._fetch(validate_key(fp))
         if found is None:
             return None
         return self.keyring.check(Plan.decode(found[0], expected_fingerprint=fp))
@@ -133,15 +174,18 @@ class PlanStore(ABC):
         """Merge ``plan`` into the record under its key; see ``put_merged``."""
         return self.put_merged(plan)[0]
 
-    def put_merged(self, plan: Plan) -> tuple[PutOutcome, Plan | None]:
+    def put_merged(self, plan: Plan) -> Put:
         """(outcome, the record now stored; None where that is another schema's).
 
         Merges ``plan`` into the record under its key (``plancache.merge``): create it,
-        else replace the stored record by the merge when that changes it (also to upgrade a
-        schema-1 record, or to replace an invalid one), else keep it. A record of an
-        unknown schema is kept, never overwritten. Lost races re-read and merge again, at
-        most ``max_put_attempts`` times, then ``PlanStoreConflictError``. No observation of
-        a CREATED or REPLACED put is lost unless the merge's bound or dominance drops it.
+        else replace the stored record by the merge when that gives a node something (also
+        to upgrade a schema-1 record, or to replace an invalid one), else keep it and write
+        nothing (an observation the stored frontier covers is never written). A record of
+        an unknown schema is kept, never overwritten. The first request reads the record
+        where this store object saw it stored before, else creates it (a create refused
+        means it exists: from then on the loop only reads and swaps). Lost races back off
+        and merge again (``_swap``), then ``PlanStoreConflictError``. No observation of a
+        CREATED or REPLACED put is lost unless the merge's bound or dominance drops it.
 
         Signatures (``self.keyring``, rules in ``plancache.signing``): with a signing key,
         what is written is signed, and a stored record without a valid signature counts as
@@ -151,19 +195,16 @@ class PlanStore(ABC):
         keys = self.keyring
         fp = validate_key(plan.fingerprint)
         new = keys.seal(plan)
-        data = new.encode()
-        for _ in range(self.max_put_attempts):
-            if self._create(fp, data):
-                return PutOutcome.CREATED, new
-            found = self._read(fp)
-            if found is None:  # deleted since: try to create again
-                continue
-            raw, version = found
+        created: _Step[Put] = _Step((PutOutcome.CREATED, new), new.encode())
+
+        def step(found: Found) -> _Step[Put]:
+            if found is None:  # absent, or deleted since
+                return created
             try:
-                stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
+                stored = keys.base(Plan.decode(found[0], expected_fingerprint=fp))
             except UnsupportedSchemaError as exc:
-                if not keys.displaces(raw, new):
-                    return PutOutcome.KEPT, None  # another version's record: not ours to replace
+                if not keys.displaces(found[0], new):
+                    return _Step((PutOutcome.KEPT, None))  # another version's: not ours
                 log.warning(
                     "plancache: replacing record %s… that no accepted key signed: %s", fp[:12], exc
                 )
@@ -173,8 +214,10 @@ class PlanStore(ABC):
                 merged = new
             else:
                 changed = merge(stored, new)
-                if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
-                    return PutOutcome.KEPT, stored
+                if (stored.schema == SCHEMA and keys.settled(stored)) and (
+                    changed == stored or _adds_nothing(stored, new, changed)
+                ):
+                    return _Step((PutOutcome.KEPT, stored))
                 merged = keys.seal(new if changed == new else changed)  # a copy keeps its signature
                 if not keys.may_replace(stored, merged):
                     log.warning(
@@ -182,20 +225,19 @@ class PlanStore(ABC):
                         "(PLANCACHE_SIGNING_KEY): kept as it is",
                         fp[:12],
                     )
-                    return PutOutcome.KEPT, stored
-            if self._replace(fp, merged.encode(), version):
-                return PutOutcome.REPLACED, merged
-        raise PlanStoreConflictError(
-            f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
-        )
+                    return _Step((PutOutcome.KEPT, stored))
+            return _Step((PutOutcome.REPLACED, merged), merged.encode())
+
+        return self._swap(fp, step, first=None if fp in self._seen else created)
 
     def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
         """Replace the valid record under ``fp`` by ``change(record)`` through the same
         compare-and-swap as ``put`` (None from ``change`` deletes the record); returns what
         is stored afterwards. A missing record stays missing and ``change`` is not called;
-        an invalid one raises ``InvalidPlanError``. Lost races re-read and call ``change``
-        again, at most ``max_put_attempts`` times. (A delete is not conditional: a record
-        written between the last read and the delete is lost with it.)
+        an invalid one raises ``InvalidPlanError``. The delete is conditional too: a record
+        written between the read and the delete is kept, and ``change`` is called on it in
+        turn (where the service honours delete preconditions: see each backend). Lost races
+        back off, re-read and call ``change`` again (``_swap``).
 
         Signatures as in ``put_merged``: with a signing key, the result is signed (an
         unchanged record signed by another accepted key is re-signed) and a record without a
@@ -203,31 +245,27 @@ class PlanStore(ABC):
         record raises ``PlanStorePermissionError``."""
         validate_key(fp)
         keys = self.keyring
-        for _ in range(self.max_put_attempts):
-            found = self._read(fp)
+
+        def step(found: Found) -> _Step[Plan | None]:
             if found is None:
-                return None
-            raw, version = found
-            stored = keys.base(Plan.decode(raw, expected_fingerprint=fp))
+                return _Step(None)
+            stored = keys.base(Plan.decode(found[0], expected_fingerprint=fp))
             changed = change(stored)
             if changed is None:
-                self._delete(fp)
-                return None
+                return _Step(None, delete=True)
             if changed.fingerprint != fp:
                 raise ValueError("a rewrite cannot change the record's fingerprint")
             if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
-                return stored
+                return _Step(stored)
             sealed = keys.seal(changed)
             if not keys.may_replace(stored, sealed):
                 raise PlanStorePermissionError(
                     f"{self.url}: record {fp[:12]}… is signed; changing it needs the signing "
                     "key (PLANCACHE_SIGNING_KEY)"
                 )
-            if self._replace(fp, sealed.encode(), version):
-                return sealed
-        raise PlanStoreConflictError(
-            f"{self.url}: gave up on {fp[:12]}… after {self.max_put_attempts} lost races"
-        )
+            return _Step(sealed, sealed.encode())
+
+        return self._swap(fp, step)
 
     def retract(self, fp: str, observation: Observation, at: float | None = None) -> Retraction:
         """Remove ``observation`` from the record under ``fp`` and keep its tombstone (always:
@@ -247,9 +285,26 @@ class PlanStore(ABC):
         record = self.rewrite(fp, change)
         return Retraction(record, any(held))
 
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        """Delete the record under ``fp`` if ``doomed(its stored bytes)``, and only the version
+        judged: a record written between the read and the delete is kept and judged in turn
+        (``put``'s compare-and-swap; where the service honours delete preconditions: see each
+        backend). True if no record is left (deleted, or gone); False if the record stored
+        now is not doomed, and kept."""
+        validate_key(fp)
+
+        def step(found: Found) -> _Step[bool]:
+            if found is None:
+                return _Step(True)
+            return _Step(True, delete=True) if doomed(found[0]) else _Step(False)
+
+        return self._swap(fp, step)
+
     def delete(self, fp: str) -> bool:
-        """Remove the plan under ``fp``; True if one was there."""
-        return self._delete(validate_key(fp))
+        """Remove the plan under ``fp``, whatever it holds now; True if one was there."""
+        removed = self._delete(validate_key(fp))
+        self._note(fp, stored=False)
+        return removed
 
     def iter_fingerprints(self) -> Iterator[str]:
         """Every stored fingerprint, in no particular order."""
@@ -257,8 +312,78 @@ class PlanStore(ABC):
 
     def read_raw(self, fp: str) -> bytes | None:
         """The stored bytes under ``fp`` (at most ``READ_LIMIT``), unvalidated; for tools."""
-        found = self._read(validate_key(fp))
+        found = self._fetch(validate_key(fp))
         return None if found is None else found[0]
+
+    # -- the compare-and-swap loop ------------------------------------------------------
+    def _swap(self, fp: str, step: Callable[[Found], _Step[R]], first: _Step[R] | None = None) -> R:
+        """The one compare-and-swap loop: read the record, let ``step`` decide, and write or
+        delete only the version read (create only where none was read); ``first``: a create
+        tried before any read. After the k-th lost race, a pause drawn uniformly from [0,
+        2**(k+1) times that round's duration) (full jitter: racing writers spread out over
+        more rounds' worth of time after each loss, and slower stores pause longer); at most
+        ``max_put_attempts`` rounds, none started past ``put_budget_s`` seconds, then
+        ``PlanStoreConflictError``."""
+        start = time.monotonic()
+        if first is not None and self._commit(fp, first, None):
+            return first.result
+        took = 0.0
+        lost = 0
+        while lost < self.max_put_attempts:
+            if lost:
+                left = start + self.put_budget_s - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(random.uniform(0.0, min(left, took * 2 ** (lost + 1))))
+            began = time.monotonic()
+            found = self._fetch(fp)
+            decided = step(found)
+            if self._commit(fp, decided, found):
+                return decided.result
+            lost += 1
+            took = time.monotonic() - began
+        raise PlanStoreConflictError(
+            f"{self.url}: gave up on {fp[:12]}… after {lost} lost races in "
+            f"{time.monotonic() - start:.1f} s"
+        )
+
+    def _commit(self, fp: str, step: _Step[R], found: Found) -> bool:
+        """Do what ``step`` says, conditional on ``found`` (None: on there being no record);
+        False if a racing writer changed the record first."""
+        if step.data is None and not step.delete:
+            return True
+        if found is None:
+            if step.data is None:  # nothing to delete
+                return True
+            created = self._create(fp, step.data)
+            self._note(fp, stored=True)  # ours, or a racing writer's
+            return created
+        if step.delete:
+            deleted = self._delete_if(fp, found[1])
+            self._note(fp, stored=not deleted)
+            return deleted
+        assert step.data is not None
+        return self._replace(fp, step.data, found[1])
+
+    @functools.cached_property
+    def _seen(self) -> set[str]:
+        """Fingerprints this store object last saw stored: where ``put`` reads first (a
+        create would be refused). A hint only; forgotten past ``MAX_SEEN`` entries."""
+        return set()
+
+    def _note(self, fp: str, *, stored: bool) -> None:
+        if not stored:
+            self._seen.discard(fp)
+            return
+        if len(self._seen) >= MAX_SEEN:
+            self._seen.clear()
+        self._seen.add(fp)
+
+    def _fetch(self, fp: str) -> Found:
+        """``_read``, noting whether the record exists."""
+        found = self._read(fp)
+        self._note(fp, stored=found is not None)
+        return found
 
     def close(self) -> None:
         """Release resources held by the store (sessions, pools). Idempotent."""

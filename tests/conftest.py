@@ -1,7 +1,9 @@
 """Session-wide loopback servers for the object-store tests (moto S3, fake-gcs-server).
 
 Each server starts once per session on a free 127.0.0.1 port; each test gets a fresh bucket.
-A counting proxy sits in front of each, reset for every test that asks for it.
+A counting proxy sits in front of each, reset for every test that asks for it; the GCS store
+tests reach fake-gcs-server through ``GCSDeletePreconditions``, which adds the delete
+preconditions GCS honours and fake-gcs-server ignores.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
+from plancache.testing.servers import (
+    CountingProxy,
+    FakeGCS,
+    GCSDeletePreconditions,
+    MotoS3,
+    fake_aws_env,
+)
 
 pytest_plugins = ["pytester"]  # tests/testing runs contract subclasses as users write them
 SLOW_CONTRACT_TESTS = {
@@ -48,6 +56,13 @@ def fake_gcs() -> Iterator[FakeGCS]:
 
 
 @pytest.fixture(scope="session")
+def gcs_endpoint(fake_gcs: FakeGCS) -> Iterator[str]:
+    """fake-gcs-server behind ``GCSDeletePreconditions`` (deletes as GCS does them)."""
+    with GCSDeletePreconditions(fake_gcs.endpoint) as proxy:
+        yield proxy.endpoint
+
+
+@pytest.fixture(scope="session")
 def _s3_proxy(moto_s3: MotoS3) -> Iterator[CountingProxy]:
     with CountingProxy(moto_s3.endpoint) as proxy:
         yield proxy
@@ -55,7 +70,7 @@ def _s3_proxy(moto_s3: MotoS3) -> Iterator[CountingProxy]:
 
 @pytest.fixture(scope="session")
 def _gcs_proxy(fake_gcs: FakeGCS) -> Iterator[CountingProxy]:
-    with CountingProxy(fake_gcs.endpoint) as proxy:
+    with GCSDeletePreconditions(fake_gcs.endpoint) as proxy:
         yield proxy
 
 

@@ -28,8 +28,8 @@ class TestGCSContract(ObjectStoreContract):
     replace_marker = "ifGenerationMatch="
 
     @pytest.fixture
-    def store_spec(self, fake_gcs: FakeGCS, gcs_bucket: str) -> StoreSpec:
-        options = {"endpoint_url": fake_gcs.endpoint, "token": "anon", **RACE_BOUNDS}
+    def store_spec(self, gcs_endpoint: str, gcs_bucket: str) -> StoreSpec:
+        options = {"endpoint_url": gcs_endpoint, "token": "anon", **RACE_BOUNDS}
         return f"gs://{gcs_bucket}/{PREFIX}", options
 
     @pytest.fixture
@@ -62,10 +62,11 @@ class TestGCSContract(ObjectStoreContract):
 
 class TestGCSNoPrefixContract(StoreContract):
     supports_processes = False  # the prefixed class runs the process race
+    contention_writers = 0  # and the contention race
 
     @pytest.fixture
-    def store_spec(self, fake_gcs: FakeGCS, gcs_bucket: str) -> StoreSpec:
-        return f"gcs://{gcs_bucket}", {"endpoint_url": fake_gcs.endpoint, "token": "anon"}
+    def store_spec(self, gcs_endpoint: str, gcs_bucket: str) -> StoreSpec:
+        return f"gcs://{gcs_bucket}", {"endpoint_url": gcs_endpoint, "token": "anon"}
 
     @pytest.fixture
     def write_raw(self, fake_gcs: FakeGCS, gcs_bucket: str) -> WriteRaw:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -286,3 +287,68 @@ def test_prune_drops_old_observations_and_keeps_the_record(stocked: Stocked) -> 
     assert kept is not None and kept.observations == (fresh,) and kept.labels == mixed.labels
     assert store.get(c.fingerprint) is None
     assert store.get(a.fingerprint) == a and store.get(b.fingerprint) == b
+
+
+def after_second_read(store: PlanStore, fp: str, write: Callable[[], object]) -> None:
+    """Run ``write`` once, right after ``store``'s second read of ``fp`` returns (the first
+    is the scan's): another writer landing between the read that judges a record and the
+    delete that follows it."""
+    read = store._read
+    reads = 0
+
+    def then_write(key: str) -> tuple[bytes, object] | None:
+        nonlocal reads
+        found = read(key)
+        reads += key == fp
+        if key == fp and reads == 2:
+            write()
+        return found
+
+    store._read = then_write  # type: ignore[method-assign,assignment]
+
+
+@pytest.fixture(params=["local", "s3", "gcs"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], PlanStore]]:
+    """Opens one store (a new store object each call): local, moto S3, or fake-gcs-server
+    behind ``GCSDeletePreconditions``."""
+    if request.param == "local":
+        yield functools.partial(open_store, str(tmp_path / "store"))
+        return
+    if request.param == "s3":
+        endpoint = request.getfixturevalue("moto_s3").endpoint
+        url = f"s3://{request.getfixturevalue('s3_bucket')}/plans"
+        yield functools.partial(open_store, url, endpoint_url=endpoint)
+        return
+    endpoint = request.getfixturevalue("gcs_endpoint")
+    url = f"gs://{request.getfixturevalue('gcs_bucket')}/plans"
+    yield functools.partial(open_store, url, endpoint_url=endpoint, token="anon")
+
+
+def test_prune_keeps_an_observation_written_after_it_judged_the_record(
+    opener: Callable[[], PlanStore],
+) -> None:
+    store, writer = opener(), opener()
+    old, fresh = plan("m", age_days=40), plan("m", kv=2 * GiB)
+    store.put(old)
+    after_second_read(store, old.fingerprint, lambda: writer.put(fresh))
+    pruned = inventory.prune(store, 30 * DAY, now=NOW)
+    assert (pruned.plans, pruned.deleted) == ([old], 0)
+    assert store.get(old.fingerprint) == fresh
+    store.close()
+    writer.close()
+
+
+def test_verify_fix_keeps_a_record_written_after_it_judged_it(
+    opener: Callable[[], PlanStore],
+) -> None:
+    store, writer = opener(), opener()
+    writer.put(plan("other"))  # the bucket or directory exists
+    good = make_plan(factors={"model": "broken"})
+    assert good.fingerprint == BAD
+    store._create(BAD, BAD_RECORD)
+    after_second_read(store, BAD, lambda: writer.put(good))
+    report = inventory.verify(store, fix=True)
+    assert [(f.entry.fingerprint, f.fix) for f in report.findings] == [(BAD, Fix.NOW_VALID)]
+    assert store.get(BAD) == good
+    store.close()
+    writer.close()

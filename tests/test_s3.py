@@ -55,6 +55,7 @@ class TestS3Contract(ObjectStoreContract):
 
 class TestS3NoPrefixContract(StoreContract):
     supports_processes = False  # the prefixed class runs the process race
+    contention_writers = 0  # and the contention race
 
     @pytest.fixture
     def store_spec(self, moto_s3: MotoS3, s3_bucket: str) -> StoreSpec:

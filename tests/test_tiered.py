@@ -22,9 +22,10 @@ from plancache.testing.servers import CountingProxy, MotoS3
 
 class TestTieredS3Contract(StoreContract):
     """The contract through ``Settings.open_store`` with a local tier (the process race runs
-    on the bare remote, in ``TestS3Contract``)."""
+    on the bare remote, in ``TestS3Contract``, and so does the contention race)."""
 
     supports_processes = False
+    contention_writers = 0
 
     @pytest.fixture
     def store_factory(self, moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> StoreFactory:

@@ -5,6 +5,9 @@
 - create: multipart upload with ``ifGenerationMatch=0``; replace: the same with
   ``ifGenerationMatch=<generation>``. A 412 means a racing writer won: the base class's
   merge loop re-reads.
+- conditional delete: ``DELETE`` with ``ifGenerationMatch=<generation>`` (412 or 404: the
+  record changed or is gone). fake-gcs-server ignores the precondition and deletes whatever
+  is stored (the tests put ``GCSDeletePreconditions`` in front of it).
 - time: ``connect_timeout`` 0.5 s and ``read_timeout`` 1 s per attempt, ``retries`` 1 (after
   a connection error, a timeout, 408, 429 or 5xx), ``timeout`` 3 s for a whole call; all four
   are storage options. (gcsfs itself has no request timeout and retries 6 times.)
@@ -224,16 +227,29 @@ class GCSStore(ObjectStore):
             raise TypeError(f"GCS versions are generations (int), got {type(version).__name__}")
         return self._upload_if_generation(fp, data, version)
 
-    def _delete(self, fp: str) -> bool:
+    def _delete_object(self, fp: str, params: Mapping[str, str]) -> bool:
+        """``DELETE`` the object with the preconditions ``params``; False if it is absent
+        (or, with a precondition, on 412)."""
+
         async def delete() -> bool:
-            status, _, body = await self._send("DELETE", f"{self._objects}/{quote(self._key(fp))}")
-            if status == 404 and not _bucket_missing(_reason(body, self.secrets)):
+            url = f"{self._objects}/{quote(self._key(fp))}"
+            status, _, body = await self._send("DELETE", url, params=params)
+            missing = status == 404 and not _bucket_missing(_reason(body, self.secrets))
+            if missing or (status == 412 and params):
                 return False
             if status not in (200, 204):
                 raise GCSStatusError(status, _reason(body, self.secrets))
             return True
 
         return self._run("delete", delete)
+
+    def _delete_if(self, fp: str, version: object) -> bool:
+        if not isinstance(version, int):
+            raise TypeError(f"GCS versions are generations (int), got {type(version).__name__}")
+        return self._delete_object(fp, {"ifGenerationMatch": str(version)})
+
+    def _delete(self, fp: str) -> bool:
+        return self._delete_object(fp, {})
 
     async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
         params = {

@@ -112,6 +112,11 @@ class FsspecStore(PlanStore):
             self._write(fp, data)
             return True
 
+    def _delete_if(self, fp: str, version: object) -> bool:
+        with _WRITE_LOCK:
+            current = self._read(fp)
+            return current is not None and current[1] == version and self._delete(fp)
+
     def _delete(self, fp: str) -> bool:
         with _WRITE_LOCK:
             try:

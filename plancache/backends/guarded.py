@@ -171,6 +171,10 @@ class GuardedStore(PlanStore):
         self.check_writable()
         return self.store._replace(fp, data, version)
 
+    def _delete_if(self, fp: str, version: object) -> bool:
+        self.check_writable()
+        return self.store._delete_if(fp, version)
+
     def _delete(self, fp: str) -> bool:
         self.check_writable()
         return self.store._delete(fp)

@@ -111,6 +111,9 @@ class LazyStore(PlanStore):
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         return self.opened._replace(fp, data, version)
 
+    def _delete_if(self, fp: str, version: object) -> bool:
+        return self.opened._delete_if(fp, version)
+
     def _delete(self, fp: str) -> bool:
         return self.opened._delete(fp)
 
@@ -125,6 +128,9 @@ class LazyStore(PlanStore):
 
     def put(self, plan: Plan) -> PutOutcome:
         return self.opened.put(plan)
+
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        return self.opened.delete_if(fp, doomed)
 
     def delete(self, fp: str) -> bool:
         return self.opened.delete(fp)

@@ -2,7 +2,8 @@
 
 Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
 the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
-``flock`` on a sidecar lock file, check the stored content digest, then ``os.replace``.
+``flock`` on a sidecar lock file, check the stored content digest, then ``os.replace``; a
+conditional delete checks the digest under the same lock, then unlinks.
 Temp files are removed on every path; ones left by killed writers are removed by
 :meth:`LocalStore.remove_stale_temp_files`.
 
@@ -239,6 +240,20 @@ class LocalStore(PlanStore):
                 raise _store_error(self._path(fp), "replace", exc) from exc
             finally:
                 tmp.unlink(missing_ok=True)
+        self._sync_dir()
+        return True
+
+    def _delete_if(self, fp: str, version: object) -> bool:
+        with self._locked() as still_locked:
+            current = self._read(fp)
+            if current is None or current[1] != version or not still_locked():
+                return False
+            try:
+                os.unlink(self._path(fp))
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise _store_error(self._path(fp), "delete", exc) from exc
         self._sync_dir()
         return True
 

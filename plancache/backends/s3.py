@@ -4,6 +4,10 @@
 - create: ``PutObject`` with ``If-None-Match: *``; replace: ``PutObject`` with
   ``If-Match: <etag>``. A 412, or AWS's 409 ``ConditionalRequestConflict``, means a racing
   writer won: the base class's merge loop re-reads.
+- conditional delete: ``DeleteObject`` with ``If-Match: <etag>`` (AWS honours it in general
+  purpose buckets since September 2025, and moto does; a 412 or 404 means the record changed
+  or is gone). A service that ignores the header deletes whatever is stored.
+- delete: ``HeadObject`` (to tell whether it was there), then ``DeleteObject``.
 - time: ``connect_timeout`` 0.5 s and ``read_timeout`` 1 s per attempt, ``retries`` 1 (botocore
   ``standard`` mode), ``timeout`` 3 s for a whole call; all four are storage options.
 
@@ -206,6 +210,19 @@ class S3Store(ObjectStore):
 
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         return self._put(fp, data, {"IfMatch": str(version)})
+
+    def _delete_if(self, fp: str, version: object) -> bool:
+        async def delete() -> bool:
+            s3 = await self._client()
+            try:
+                await s3.delete_object(Bucket=self.bucket, Key=self._key(fp), IfMatch=str(version))
+            except ClientError as exc:
+                if _lost_race(exc) or _missing_key(exc):
+                    return False
+                raise
+            return True
+
+        return self._run("delete", delete)
 
     def _delete(self, fp: str) -> bool:
         async def delete() -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
 from plancache.plan import Plan
@@ -21,6 +22,7 @@ from plancache.signing import Keyring
 from plancache.store import PlanStore, PutOutcome
 
 log = logging.getLogger("plancache")
+T = TypeVar("T")
 
 
 class TieredStore(PlanStore):
@@ -63,6 +65,10 @@ class TieredStore(PlanStore):
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         self._check_writable()
         return self.remote._replace(fp, data, version)
+
+    def _delete_if(self, fp: str, version: object) -> bool:
+        self._check_writable()
+        return self.remote._delete_if(fp, version)
 
     def _delete(self, fp: str) -> bool:
         self._check_writable()
@@ -120,17 +126,29 @@ class TieredStore(PlanStore):
     def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
         """Rewrite the remote's record (not in read-only mode), then the local tier's; the
         remote's result, or in read-only mode the local tier's."""
-        read_only, result = self.read_only, None
+        return self._in_both(lambda store: store.rewrite(fp, change), None)
+
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        """Delete as judged (``PlanStore.delete_if``) from the remote (not in read-only
+        mode), then from the local tier; the remote's result, or in read-only mode the local
+        tier's."""
+        return self._in_both(lambda store: store.delete_if(fp, doomed), True)
+
+    def _in_both(self, call: Callable[[PlanStore], T], read_only_result: T) -> T:
+        """``call`` on the remote (in read-only mode, or when the remote refuses writes,
+        ``read_only_result`` instead), then on the local tier, whose failures are logged; the
+        remote's result, or in read-only mode the local tier's."""
+        read_only, result = self.read_only, read_only_result
         if not read_only:
             try:
-                result = self.remote.rewrite(fp, change)
+                result = call(self.remote)
             except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
                 if self.local is None:
                     raise
                 read_only = True
         if self.local is not None:
             try:
-                local = self.local.rewrite(fp, change)
+                local = call(self.local)
             except (InvalidPlanError, PlanStoreError) as exc:
                 log.warning("plancache: local tier %s: %s", self.local.url, exc)
             else:

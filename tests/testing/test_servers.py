@@ -18,6 +18,7 @@ from plancache.testing.hostile import FixedResponseServer, Reply, ScriptedServer
 from plancache.testing.servers import (
     FAKE_AWS_ENV,
     FakeGCS,
+    GCSDeletePreconditions,
     MotoS3,
     closed_port,
     gcs_server,
@@ -113,3 +114,45 @@ def test_with_latency_delays_every_request() -> None:
                 assert _request(options["endpoint_url"], "GET") == (200, b"ok")
                 assert time.monotonic() - start >= 0.3
         assert len(upstream.requests) == 2
+
+
+def test_gcs_delete_preconditions_adds_what_fake_gcs_server_ignores(
+    fake_gcs: FakeGCS, gcs_bucket: str
+) -> None:
+    """fake-gcs-server deletes whatever is stored, ``ifGenerationMatch`` or not; in front of
+    it, ``GCSDeletePreconditions`` answers as GCS does: 412 for another generation, 404 for
+    no object, and deletes the generation named."""
+    plan = make_plan()
+    path = f"/storage/v1/b/{gcs_bucket}/o/{object_name(plan.fingerprint)}"
+
+    def send(endpoint: str, method: str, query: str = "") -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(endpoint.removeprefix("http://"), timeout=10)
+        try:
+            conn.request(method, path + query)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def stored_generation() -> int | None:
+        status, body = send(fake_gcs.endpoint, "GET")
+        return int(json.loads(body)["generation"]) if status == 200 else None
+
+    def delete(endpoint: str, generation: int) -> int:
+        return send(endpoint, "DELETE", f"?ifGenerationMatch={generation}")[0]
+
+    fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
+    generation = stored_generation()
+    assert generation is not None
+    assert delete(fake_gcs.endpoint, generation + 1) in (200, 204)  # the emulator's gap
+    assert stored_generation() is None
+    with GCSDeletePreconditions(fake_gcs.endpoint) as guard:
+        fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
+        generation = stored_generation()
+        assert generation is not None
+        assert delete(guard.endpoint, generation + 1) == 412
+        assert stored_generation() == generation
+        assert delete(guard.endpoint, generation) in (200, 204)
+        assert stored_generation() is None
+        assert delete(guard.endpoint, generation) == 404
+        assert [method for method, _ in guard.requests] == ["DELETE"] * 3
