@@ -30,7 +30,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol, cast
 
 from plancache.artifacts.manifest import (
     DEFAULT_MAX_BYTES,
@@ -219,7 +219,8 @@ def _decompressing(source: Readable) -> _Stream:
         import zstandard
     except ImportError:
         raise ArtifactError("artifact is zstd-compressed and zstandard is not installed") from None
-    return _Stream(_Unzstd(zstandard.ZstdDecompressor().stream_reader(raw), zstandard.ZstdError))
+    reader = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw))  # reads by read()
+    return _Stream(_Unzstd(reader, zstandard.ZstdError))
 
 
 class _Unzstd:
