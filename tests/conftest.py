@@ -23,10 +23,11 @@ from plancache.testing.servers import (
 
 pytest_plugins = ["pytester"]  # tests/testing runs contract subclasses as users write them
 SLOW_CONTRACT_TESTS = {
+    "test_writers_racing_on_one_key_lose_no_observation",
     "test_processes_racing_converge_on_an_undominated_plan",
     "test_processes_adding_incomparable_observations_lose_none",
 }
-"""The contract's process races: marked ``slow`` here, not in the kit, whose users need not
+"""The contract's races (processes, and the thread race on one key): marked ``slow`` here, not in the kit, whose users need not
 register the marker."""
 
 
