@@ -27,8 +27,8 @@ SLOW_CONTRACT_TESTS = {
     "test_processes_racing_converge_on_an_undominated_plan",
     "test_processes_adding_incomparable_observations_lose_none",
 }
-"""The contract's races (processes, and the thread race on one key): marked ``slow`` here, not in the kit, whose users need not
-register the marker."""
+"""The contract's races (processes, and the thread race on one key): marked ``slow`` here,
+not in the kit, whose users need not register the marker."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
