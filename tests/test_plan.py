@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from typing import Any
 
 import orjson
@@ -225,3 +226,24 @@ def test_valid_records_round_trip(factors: dict[str, Any], a: int, b: int) -> No
     decoded = Plan.decode(plan.encode(), expected_fingerprint=plan.fingerprint)
     assert decoded == plan
     _assert_rules(decoded)
+
+
+def test_duplicate_json_keys_are_rejected() -> None:
+    data = make_plan().encode()
+    top = data[:-1] + b',"schema":2}'
+    with pytest.raises(InvalidPlanError, match="duplicate"):
+        Plan.decode(top)
+    inner = data.replace(b'"producer":{', b'"producer":{"host":"a","host":"b",')
+    with pytest.raises(InvalidPlanError, match="duplicate"):
+        Plan.decode(inner)
+    assert Plan.decode(data).fingerprint == make_plan().fingerprint
+    tricky = data.replace(b'"producer":{', b'"producer":{"note":"a\\":b \\" :c",')
+    assert Plan.decode(tricky).observations[0].producer["note"] == 'a":b " :c'  # valid
+
+
+@pytest.mark.parametrize("created_at", [1e300, 253402300800.0, -1.0, 1e17])
+def test_created_at_is_bounded_by_the_format(created_at: float) -> None:
+    record = json.loads(make_plan().encode())
+    record["observations"][0]["created_at"] = created_at
+    with pytest.raises(InvalidPlanError, match="created_at"):
+        Plan.decode(json.dumps(record).encode())

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +209,55 @@ def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> Non
     kept = tier.get(make_plan().fingerprint)
     assert kept is not None
     assert (kept.kv_cache_memory_bytes, kept.free_memory_baseline) == (10 * GiB, 70 * GiB)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+FORKED = """
+import os, sys
+from plancache.config import Settings
+from plancache.backends.local import LocalStore
+from plancache.errors import PlanStoreError
+from plancache.testing import make_plan
+
+endpoint, bucket, tier = sys.argv[1:]
+store = Settings(f"s3://{bucket}/p", local_tier=tier,
+                 storage_options={"endpoint_url": endpoint}).open_store()
+store.put(make_plan(kv=1 << 30))  # the client and its loop now exist in this process
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        store.put(make_plan(kv=2 << 30))
+    except PlanStoreError as exc:
+        print("store-error:", exc, flush=True)
+    except BaseException as exc:
+        print("other:", type(exc).__name__, exc, flush=True)
+        code = 3
+    plan = LocalStore(tier).get(make_plan().fingerprint)
+    print("local-kv:", None if plan is None else plan.kv_cache_memory_bytes, flush=True)
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_after_a_fork_the_local_tier_is_still_written(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(FORKED),
+            moto_s3.endpoint,
+            s3_bucket,
+            str(tmp_path / "tier"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert f"local-kv: {2 << 30}" in out.stdout, out.stdout

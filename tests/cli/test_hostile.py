@@ -14,7 +14,7 @@ import pytest
 from plancache.testing import child_env
 from plancache.testing.hostile import EchoingServer, FixedResponseServer, ScriptedServer
 from tests.cli.helpers import run
-from tests.test_hardening_remote import GCS_ODD, PAGE, S3_ODD, _listing
+from tests.test_hostile_remotes import GCS_ODD, PAGE, S3_ODD, _listing
 
 COMMAND_BOUND_S = 30.0
 
