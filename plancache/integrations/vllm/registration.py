@@ -33,7 +33,7 @@ def register() -> None:
             from plancache.integrations.vllm import compile
             from plancache.integrations.vllm.patch import (
                 TARGET_MODULE,
-                PatchOnImport,
+                patch_on_import,
                 patch_worker_module,
             )
 
@@ -47,7 +47,7 @@ def register() -> None:
             if module is not None:
                 patched = patch_worker_module(module)
             elif _module_exists(TARGET_MODULE):
-                sys.meta_path.insert(0, PatchOnImport())
+                patch_on_import(TARGET_MODULE)
             else:
                 log.warning("plancache: this vLLM has no %s; plugin inactive", TARGET_MODULE)
         except Exception:
