@@ -154,19 +154,20 @@ class Plan:
         tombs = self.retracted
         if not isinstance(tombs, tuple) or not all(isinstance(t, Tombstone) for t in tombs):
             raise InvalidPlanError("retracted must be a tuple of Tombstone")
-        if len(tombs) > MAX_TOMBSTONES:
-            raise InvalidPlanError(f"a record holds at most {MAX_TOMBSTONES} tombstones")
-        if any(a.observation >= b.observation for a, b in itertools.pairwise(tombs)):
-            raise InvalidPlanError("tombstones are not sorted by digest without repeats")
         if len(obs) > MAX_OBSERVATIONS or not (obs or tombs):
             raise InvalidPlanError(
                 f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with tombstones)"
             )
         if self.signature is not None and not isinstance(self.signature, Signature):
             raise InvalidPlanError("signature must be a Signature or None")
-        dead = {t.observation for t in tombs}
-        if dead and any(o.digest in dead for o in obs):
-            raise InvalidPlanError("a record holds an observation it also retracted")
+        if tombs:
+            if len(tombs) > MAX_TOMBSTONES:
+                raise InvalidPlanError(f"a record holds at most {MAX_TOMBSTONES} tombstones")
+            if any(a.observation >= b.observation for a, b in itertools.pairwise(tombs)):
+                raise InvalidPlanError("tombstones are not sorted by digest without repeats")
+            dead = {t.observation for t in tombs}
+            if any(o.digest in dead for o in obs):
+                raise InvalidPlanError("a record holds an observation it also retracted")
         for low, high in itertools.pairwise(obs):
             if not (
                 low.free_memory_baseline < high.free_memory_baseline
