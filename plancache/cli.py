@@ -34,11 +34,12 @@ from plancache.commands import (
     cmd_stats,
     cmd_verify,
 )
-from plancache.config import parse_seconds, parse_storage_options
+from plancache.config import parse_storage_options
 from plancache.defaults import MAX_SECONDS
 from plancache.display import echo
 from plancache.doctor import cmd_doctor
 from plancache.errors import ConfigError, PlanStoreError
+from plancache.parse import parse_seconds
 from plancache.redaction import scrub, secret_values
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)

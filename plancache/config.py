@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import stat
 from collections.abc import Mapping
@@ -34,8 +33,9 @@ from typing import Any
 import orjson
 
 from plancache.backends import open_store
-from plancache.defaults import DEFAULT_BUDGET_S, MAX_SECONDS, default_dir
+from plancache.defaults import DEFAULT_BUDGET_S, default_dir
 from plancache.errors import ConfigError
+from plancache.parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
 from plancache.redaction import redact, without_userinfo
 from plancache.signing import NO_KEYS, Keyring, parse_keys
 from plancache.store import PlanStore
@@ -44,41 +44,6 @@ log = logging.getLogger("plancache")
 
 MAX_KEY_FILE_BYTES = 64 * 1024
 """Largest key file read (a key of ``openssl rand -hex 32`` is 64 bytes)."""
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def parse_bool(name: str, value: str) -> bool:
-    """``1/true/yes/on`` or ``0/false/no/off`` (case-insensitive); else ``ConfigError``."""
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ConfigError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
-
-
-def parse_seconds(text: str) -> float:
-    """``text`` as a number of seconds in (0, ``MAX_SECONDS``], the range of every time
-    setting (``PLANCACHE_TIMEOUT``, ``plancache --timeout``); else ``ConfigError`` saying
-    what is expected."""
-    try:
-        t = float(text)
-    except ValueError:
-        raise ConfigError("expected seconds as a number") from None
-    if not (math.isfinite(t) and 0 < t <= MAX_SECONDS):
-        raise ConfigError(f"expected a positive number of seconds, at most {MAX_SECONDS:g}")
-    return t
-
-
-def parse_timeout(name: str, value: str) -> float:
-    """Variable ``name``'s ``value`` as seconds (``parse_seconds``); else ``ConfigError``
-    naming it."""
-    try:
-        return parse_seconds(value)
-    except ConfigError as exc:
-        raise ConfigError(f"{name}={value!r}: {exc}") from None
 
 
 def parse_storage_options(text: str, source: str) -> dict[str, Any]:
@@ -202,9 +167,9 @@ class Settings:
         tier: str | None = None
         if is_remote(url):
             lowered = tier_value.strip().lower()
-            if lowered in _TRUE:
+            if lowered in TRUE_WORDS:
                 tier = local
-            elif lowered not in _FALSE:
+            elif lowered not in FALSE_WORDS:
                 tier = os.path.expanduser(tier_value)
         options = parse_storage_options(
             env.get("PLANCACHE_STORAGE_OPTIONS", ""), "PLANCACHE_STORAGE_OPTIONS"

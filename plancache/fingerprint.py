@@ -15,15 +15,14 @@ import math
 import re
 from collections.abc import Mapping
 
-import orjson
-
 from plancache.errors import InvalidPlanError
 
 Scalar = str | int | float | bool | None
 SCALAR_TYPES = (str, int, float, bool, type(None))
 """The exact types a factor (or a label) may have: subclasses (numpy.float64, str enums) do
 not encode alike everywhere."""
-_INT_RANGE = range(-(2**63), 2**64)  # what orjson encodes
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson encodes (and decodes as int)
+_CONTAINERS = frozenset((dict, list))
 
 OBJECT_PREFIX = "startup_plan_"
 OBJECT_SUFFIX = ".json"
@@ -45,13 +44,18 @@ def check_scalar(what: str, value: object) -> None:
         raise InvalidPlanError(f"{what} is outside the 64-bit range")
 
 
-def check_factors(factors: object) -> dict[str, Scalar]:
-    """``factors`` as a dict if they can be encoded canonically, else ``InvalidPlanError``."""
-    if not isinstance(factors, Mapping):
+def check_factors(factors: object, *, decoded: bool = False) -> dict[str, Scalar]:
+    """``factors`` as a dict if they can be encoded canonically, else ``InvalidPlanError``.
+
+    ``decoded``: ``factors`` is what ``orjson.loads`` returned, whose keys are ``str``, ints
+    64-bit and floats finite; only values that are containers remain to be refused."""
+    if type(factors) is not dict and not isinstance(factors, Mapping):
         raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
     if not factors:
         raise InvalidPlanError("factors must not be empty")
     out = dict(factors)
+    if decoded and _CONTAINERS.isdisjoint(map(type, out.values())):
+        return out
     for key, value in out.items():
         if type(key) is not str:
             raise InvalidPlanError(f"factor names must be strings, got {key!r}")
@@ -60,17 +64,23 @@ def check_factors(factors: object) -> dict[str, Scalar]:
     return out
 
 
-def checked_fingerprint(factors: object) -> tuple[dict[str, Scalar], str]:
+def checked_fingerprint(factors: object, *, decoded: bool = False) -> tuple[dict[str, Scalar], str]:
     """(``factors`` as a checked dict, their fingerprint), checking them once; raises
-    ``InvalidPlanError`` like :func:`fingerprint`."""
-    checked = check_factors(factors)
-    key = hashlib.sha256(orjson.dumps(checked, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    ``InvalidPlanError`` like :func:`fingerprint` (``decoded``: see ``check_factors``)."""
+    checked = check_factors(factors, decoded=decoded)
+    key = hashlib.sha256(_encode(checked)).hexdigest()
     return checked, key
 
 
 def canonical(factors: Mapping[str, Scalar]) -> bytes:
     """Canonical bytes of ``factors``: orjson, sorted keys, no whitespace. Frozen format."""
-    return orjson.dumps(check_factors(factors), option=orjson.OPT_SORT_KEYS)
+    return _encode(check_factors(factors))
+
+
+def _encode(checked: dict[str, Scalar]) -> bytes:
+    import orjson  # on first use: ``import plancache`` stays cheap (orjson loads json, uuid...)
+
+    return orjson.dumps(checked, option=orjson.OPT_SORT_KEYS)
 
 
 def fingerprint(factors: Mapping[str, Scalar]) -> str:

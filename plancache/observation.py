@@ -28,7 +28,7 @@ _MAX_INT = 2**63 - 1
 
 
 def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
         raise InvalidPlanError(f"{name} must be an int, not {type(value).__name__}")
     if not 0 < value <= _MAX_INT:
         raise InvalidPlanError(f"{name} must be in 1..2**63-1, got {value!r:.40}")
@@ -36,7 +36,9 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _timestamp(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if type(value) is not float and (
+        isinstance(value, bool) or not isinstance(value, (int, float))
+    ):
         raise InvalidPlanError("created_at must be a number")
     if not (math.isfinite(value) and 0 <= value <= MAX_CREATED_AT):
         raise InvalidPlanError(f"created_at must be a time in years 1970..9999, got {value!r:.40}")
@@ -44,15 +46,16 @@ def _timestamp(value: object) -> float:
 
 
 def _producer(value: object) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise InvalidPlanError("producer must be an object")
+    copy = dict(value)
     try:
-        size = len(orjson.dumps(dict(value)))
+        size = len(orjson.dumps(copy))
     except TypeError as exc:  # holds something JSON cannot carry
         raise InvalidPlanError(f"producer cannot be encoded: {exc}") from exc
     if size > MAX_PRODUCER_BYTES:
         raise InvalidPlanError(f"producer is {size} bytes encoded, over {MAX_PRODUCER_BYTES}")
-    return MappingProxyType(dict(value))
+    return MappingProxyType(copy)
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,12 @@ class Observation:
         """Validate decoded JSON; raises only ``InvalidPlanError``."""
         if not isinstance(obj, dict):
             raise InvalidPlanError("an observation must be a JSON object")
-        missing = [k for k in OBSERVATION_FIELDS if k not in obj]
-        if missing:
-            raise InvalidPlanError(f"observation lacks {', '.join(missing)}")
-        return cls(**{k: obj[k] for k in OBSERVATION_FIELDS})
+        try:
+            values = [obj[k] for k in OBSERVATION_FIELDS]
+        except KeyError:
+            missing = [k for k in OBSERVATION_FIELDS if k not in obj]
+            raise InvalidPlanError(f"observation lacks {', '.join(missing)}") from None
+        return cls(*values)
 
 
 OBSERVATION_FIELDS = ("kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer")

@@ -42,9 +42,10 @@ from plancache.artifacts.archive import ArtifactError, Readable, install, pack, 
 from plancache.artifacts.blobs import Blobs, LocalBlobs, blobs_for
 from plancache.artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
 from plancache.backends.guarded import GuardedStore, open_guarded
-from plancache.config import Settings, is_remote, parse_bool, parse_timeout
+from plancache.config import Settings, is_remote
 from plancache.errors import ConfigError, PlanStoreError
 from plancache.observation import Observation
+from plancache.parse import parse_bool, parse_timeout
 from plancache.probe import Verdict as StoreVerdict
 from plancache.signing import Verdict
 
@@ -69,11 +70,10 @@ class CompileSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CompileSettings:
         """Raises ``ConfigError`` naming a malformed variable."""
-        from plancache.integrations.vllm.enable import enabled
+        from plancache.integrations.vllm.enable import compile_on
 
         env = os.environ if environ is None else environ
-        explicit = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
-        on = parse_bool("PLANCACHE_COMPILE_CACHE", explicit) if explicit else enabled(env)
+        on = compile_on(env)
         size = env.get("PLANCACHE_COMPILE_MAX_BYTES", str(DEFAULT_MAX_BYTES)).strip()
         if not size.isdigit() or int(size) <= 0:
             raise ConfigError(f"PLANCACHE_COMPILE_MAX_BYTES={size!r}: expected bytes (> 0)")

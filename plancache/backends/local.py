@@ -147,9 +147,9 @@ class LocalStore(PlanStore):
                 raise InvalidPlanError(f"{path} is {_kind(odd.st_mode)}, not a plan file") from None
             raise _store_error(Path(path), "read", exc) from exc
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise InvalidPlanError(f"{path} is {_kind(mode)}, not a plan file")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a plan file")
             chunks: list[bytes] = []
             size = 0
             while size < READ_LIMIT:
@@ -158,6 +158,8 @@ class LocalStore(PlanStore):
                     break
                 chunks.append(chunk)
                 size += len(chunk)
+                if size == st.st_size:  # all of it (a file that grew meanwhile reads as is)
+                    break
         except OSError as exc:
             raise _store_error(Path(path), "read", exc) from exc
         finally:

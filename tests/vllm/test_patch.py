@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import logging
+import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -66,3 +69,24 @@ def test_register_patches_lazily_on_import(tmp_path: Path) -> None:
     out = run_python(code, env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_import_hooks_for_one_module_neither_pile_up_nor_recurse(tmp_path: Path) -> None:
+    """Registering again (a second copy of the plugin, a test) hooks a module once, and two
+    hooks for one module, however they got there, do not ask each other forever."""
+    (tmp_path / "hooked_module.py").write_text("VALUE = 1\n")
+    loaded: list[ModuleType] = []
+    before = list(sys.meta_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        patch.patch_on_import("hooked_module", loaded.append)
+        patch.patch_on_import("hooked_module", loaded.append)
+        assert len(sys.meta_path) == len(before) + 1
+        sys.meta_path.insert(0, patch.PatchOnImport("hooked_module", loaded.append))
+        assert importlib.util.find_spec("hooked_module") is not None  # no RecursionError
+        module = importlib.import_module("hooked_module")
+        assert loaded == [module]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("hooked_module", None)
+        sys.meta_path[:] = before

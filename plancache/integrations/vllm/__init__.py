@@ -20,35 +20,73 @@ the boot state, the process's cache and breaker), ``save`` (the save after warm-
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
 worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetched from and
 uploaded to the same store: see ``plancache.artifacts``).
-Importing this package imports neither vLLM nor torch.
+Importing this package imports neither vLLM nor torch, and its names load on first use
+(PEP 562): vLLM imports it in every process, and a process where the plugin is off loads
+only ``registration`` and ``enable``.
 """
 
 from __future__ import annotations
 
-from plancache.integrations.vllm.apply import (
-    Boot,
-    BootMode,
-    boot_of,
-    maybe_apply_startup_plan,
-    warmed_up,
-)
-from plancache.integrations.vllm.enable import enabled
-from plancache.integrations.vllm.factors import (
-    WorkerFactors,
-    device_factors,
-    software_factors,
-    worker_factors,
-    worker_labels,
-)
-from plancache.integrations.vllm.patch import (
-    BUILTIN_FUNCTIONS,
-    TARGET_MODULE,
-    WRAPPED_METHODS,
-    patch_worker_module,
-)
-from plancache.integrations.vllm.registration import register
-from plancache.integrations.vllm.save import maybe_save_startup_plan, wait_saved
-from plancache.integrations.vllm.worker import MemoryFigures, WorkerLike, memory_figures
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plancache.integrations.vllm.apply import (
+        Boot,
+        BootMode,
+        boot_of,
+        maybe_apply_startup_plan,
+        warmed_up,
+    )
+    from plancache.integrations.vllm.enable import enabled
+    from plancache.integrations.vllm.factors import (
+        WorkerFactors,
+        device_factors,
+        software_factors,
+        worker_factors,
+        worker_labels,
+    )
+    from plancache.integrations.vllm.patch import (
+        BUILTIN_FUNCTIONS,
+        TARGET_MODULE,
+        WRAPPED_METHODS,
+        patch_worker_module,
+    )
+    from plancache.integrations.vllm.registration import register
+    from plancache.integrations.vllm.save import maybe_save_startup_plan, wait_saved
+    from plancache.integrations.vllm.worker import MemoryFigures, WorkerLike, memory_figures
+
+_LAZY = {
+    **dict.fromkeys(
+        ("Boot", "BootMode", "boot_of", "maybe_apply_startup_plan", "warmed_up"), "apply"
+    ),
+    "enabled": "enable",
+    **dict.fromkeys(
+        ("WorkerFactors", "device_factors", "software_factors", "worker_factors", "worker_labels"),
+        "factors",
+    ),
+    **dict.fromkeys(
+        ("BUILTIN_FUNCTIONS", "TARGET_MODULE", "WRAPPED_METHODS", "patch_worker_module"), "patch"
+    ),
+    "register": "registration",
+    "maybe_save_startup_plan": "save",
+    "wait_saved": "save",
+    **dict.fromkeys(("MemoryFigures", "WorkerLike", "memory_figures"), "worker"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BUILTIN_FUNCTIONS",

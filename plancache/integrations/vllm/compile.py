@@ -96,13 +96,13 @@ def settings() -> CompileSettings:
 def hook() -> None:
     """Wrap vLLM's AOT loader now, or when its module is imported (processes that never
     import it, such as the API server, pay nothing more)."""
-    from plancache.integrations.vllm.patch import PatchOnImport
+    from plancache.integrations.vllm.patch import patch_on_import
 
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         patch_decorators(module)
     else:
-        sys.meta_path.insert(0, PatchOnImport(TARGET_MODULE, patch_decorators))
+        patch_on_import(TARGET_MODULE, patch_decorators)
 
 
 def _start_opening() -> None:

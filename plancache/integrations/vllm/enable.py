@@ -6,8 +6,8 @@ import logging
 import os
 from collections.abc import Mapping
 
-from plancache.config import parse_bool
 from plancache.errors import ConfigError
+from plancache.parse import parse_bool
 
 log = logging.getLogger("plancache.vllm")
 
@@ -24,4 +24,22 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
         return bool(env.get("PLANCACHE_URL")) or builtin
     except ConfigError as exc:
         log.warning("plancache: vLLM plugin disabled: %s", exc)
+        return False
+
+
+def compile_on(environ: Mapping[str, str] | None = None) -> bool:
+    """True if compile artifacts are shared (``plancache.artifacts.share``):
+    ``PLANCACHE_COMPILE_CACHE`` decides when set, else ``enabled``. Raises ``ConfigError``
+    for a malformed ``PLANCACHE_COMPILE_CACHE``."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
+    return parse_bool("PLANCACHE_COMPILE_CACHE", explicit) if explicit else enabled(env)
+
+
+def compile_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """``compile_on``; a malformed setting: warning, off."""
+    try:
+        return compile_on(environ)
+    except ConfigError as exc:
+        log.warning("plancache: compile artifacts not shared: %s", exc)
         return False

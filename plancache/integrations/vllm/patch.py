@@ -144,8 +144,8 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
         if fullname != self.target:
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
+            if isinstance(finder, PatchOnImport) or not hasattr(finder, "find_spec"):
+                continue  # another of these would ask this one back: endless recursion
             spec = finder.find_spec(fullname, path, target)
             if spec is None:
                 continue
@@ -155,6 +155,13 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
                 spec.loader = _PatchingLoader(spec.loader, self)
             return spec
         return None
+
+
+def patch_on_import(target: str, on_load: Callable[[ModuleType], object] | None = None) -> None:
+    """Put a ``PatchOnImport(target, on_load)`` first in ``sys.meta_path``, unless one for
+    ``target`` is there already (one patch per import, whoever registers again)."""
+    if not any(isinstance(f, PatchOnImport) and f.target == target for f in sys.meta_path):
+        sys.meta_path.insert(0, PatchOnImport(target, on_load))
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -9,10 +9,7 @@ import logging
 import sys
 import threading
 
-from plancache.integrations.vllm import compile
-from plancache.integrations.vllm.apply import safely, warm
-from plancache.integrations.vllm.enable import enabled
-from plancache.integrations.vllm.patch import TARGET_MODULE, PatchOnImport, patch_worker_module
+from plancache.integrations.vllm.enable import compile_wanted, enabled
 
 log = logging.getLogger("plancache.vllm")
 
@@ -30,9 +27,17 @@ def register() -> None:
             return
         _registered = True
         try:
-            plans, artifacts = enabled(), compile.wanted()
-            if not (plans or artifacts):
-                return
+            plans = enabled()
+            if not (plans or compile_wanted()):
+                return  # having imported little: vLLM loads this module in every process
+            from plancache.integrations.vllm import compile
+            from plancache.integrations.vllm.patch import (
+                TARGET_MODULE,
+                patch_on_import,
+                patch_worker_module,
+            )
+
+            artifacts = compile.wanted()
             _route_logs_to_vllm()
             if artifacts and _module_exists(compile.TARGET_MODULE):
                 compile.hook()
@@ -42,12 +47,14 @@ def register() -> None:
             if module is not None:
                 patched = patch_worker_module(module)
             elif _module_exists(TARGET_MODULE):
-                sys.meta_path.insert(0, PatchOnImport())
+                patch_on_import(TARGET_MODULE)
             else:
                 log.warning("plancache: this vLLM has no %s; plugin inactive", TARGET_MODULE)
         except Exception:
             log.warning("plancache: vLLM plugin failed to register; inactive", exc_info=True)
     if patched:
+        from plancache.integrations.vllm.apply import safely, warm
+
         safely(warm)
 
 
