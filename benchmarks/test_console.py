@@ -104,7 +104,10 @@ def test_the_headline_leads_with_savings_and_says_what_was_not_measured() -> Non
         table.index(h) for h in ("WHAT IT SAVES", "WHAT IT COSTS", "NOT MEASURED HERE")
     )
     assert saves < costs < missing
-    assert re.search(r"compile: new node, artifact from S3 +first forward 3.6 s vs 25.2 s cold: 21.6 s saved", table)
+    assert re.search(
+        r"compile: new node, artifact from S3 +first forward 3.6 s vs 25.2 s cold: 21.6 s saved",
+        table,
+    )
     assert re.search(r"lookup hit, local +200 µs p50, 400 µs p99: 4.0x", table)
     assert re.search(r"S3 and GCS +skipped: --no-remote", table[missing:])
     assert re.search(r"real GPU boots +skipped: no CUDA GPU", table[missing:])
