@@ -4,14 +4,18 @@
 CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
 local store costs, ``import plancache`` cost, S3 and GCS costs on loopback servers it starts
 itself, write contention on one key, the fleet simulation, and the real-boot benchmark when
-a GPU and vLLM are present (else it says it is skipped and why). It writes a table to the
-terminal, ``results.json`` and ``results.png``.
+a GPU and vLLM are present (else it says it is skipped and why). The terminal shows one line
+per stage and ends with one table of the headline results; ``results.json`` (every figure),
+``tables.txt`` (every table), ``results.png`` and ``bench.log`` (what the stages, their
+worker processes and the libraries printed) go to ``--out``. Exit status 1 when a stage
+failed (the others still run and are saved).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ from typing import Any
 from benchmarks import (
     boot,
     compile_share,
+    console,
     contention,
     fleet,
     local_costs,
@@ -31,7 +36,7 @@ from benchmarks import (
 from plancache.testing import servers
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--samples", type=int, default=2000, help="timed calls per local op")
@@ -49,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="fleet restarts (>= 4)")
     parser.add_argument("--seeds", type=int, default=10, help="fleets in the before/after sweep")
     parser.add_argument(
+        "--fleet-timeout",
+        type=float,
+        default=2.0,
+        help="seconds each fleet node's lookup and record may take (PLANCACHE_TIMEOUT)",
+    )
+    parser.add_argument(
         "--fleet-only", action="store_true", help="run only the fleet simulation and sweep"
     )
     parser.add_argument(
@@ -60,76 +71,117 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile-memory-mib", type=int, default=1024, help="artifact size of the memory check"
     )
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    results: dict[str, Any] = {"machine": machine.describe(), "stores": {}}
-    if not (args.no_compile or args.fleet_only):
-        print("measuring compile artifacts: real vLLM boots on this CPU ...", flush=True)
-        with tempfile.TemporaryDirectory(prefix="plancache-compile-") as compile_work:
-            results["compile"] = compile_share.measure(Path(compile_work), args.compile_memory_mib)
-    if not args.fleet_only:
-        print("measuring import cost ...", flush=True)
-        results["import"] = local_costs.measure_import()
-        print("measuring the local store ...", flush=True)
+    return parser
+
+
+def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Every stage, in order; each one's figures land in ``results`` if it succeeded."""
+
+    def compile_artifacts() -> None:
+        with tempfile.TemporaryDirectory(prefix="plancache-compile-") as work:
+            results["compile"] = compile_share.measure(Path(work), args.compile_memory_mib)
+
+    def local() -> None:
         results["stores"]["local"] = local_costs.measure_local(args.samples)
-    if not args.no_remote and not args.fleet_only:
-        print("measuring S3 and GCS on loopback servers ...", flush=True)
+
+    def imported() -> None:
+        results["import"] = local_costs.measure_import()
+
+    def remote() -> None:
         results["stores"].update(store_costs.measure_remote(args.remote_samples))
-        print("measuring the vLLM plugin's critical-path cost ...", flush=True)
+
+    def plugin() -> None:
         results["plugin_costs"] = plugin_costs.measure()
-    if not args.fleet_only:
-        print("measuring write contention on one key ...", flush=True)
+
+    def contended() -> None:
         remote = ("s3", "gcs")
         suite = {b: n for b, n in contention.SUITE.items() if not (args.no_remote and b in remote)}
         results["contention"] = contention.measure(suite)
+
+    stages = {
+        "compile": ("compile artifacts: real vLLM compiles on this CPU", compile_artifacts),
+        "import": ("import plancache in a fresh interpreter", imported),
+        "local": (f"local store, {args.samples} calls per operation", local),
+        "remote": ("S3 and GCS store costs on loopback servers", remote),
+        "plugin": ("the vLLM plugin's critical-path cost, local / S3 / GCS", plugin),
+        "contention": ("write contention on one key", contended),
+    }
+    for name, (what, measure) in stages.items():
+        if args.fleet_only:
+            run.skip(name, what, "--fleet-only")
+        elif args.no_compile and name == "compile":
+            run.skip(name, what, "--no-compile")
+        elif args.no_remote and name in ("remote", "plugin"):
+            run.skip(name, what, "--no-remote")
+        else:
+            run.stage(name, what, measure)
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plancache-fleet-")))
-        shared_options: dict[str, Any]
-        if args.no_remote:
-            shared_url, shared_options = f"file://{work}/shared", {}
-        else:
-            shared_url, shared_options = stack.enter_context(servers.s3_server())
         results["fleet_store"] = "local directory" if args.no_remote else "s3 (moto, loopback)"
-        print(f"simulating the fleet ({results['fleet_store']}) ...", flush=True)
-        results["fleet"] = fleet.simulate(
-            work,
-            shared_url,
-            shared_options,
-            nodes=args.nodes,
-            configs=args.configs,
-            profile_seconds=args.profile_seconds,
-            arrival_window=args.arrival_window,
-            rounds=args.rounds,
-        )
-        print(f"sweeping {args.seeds} fleets, before and after (simulated time) ...", flush=True)
-        results["fleet_sweep"] = fleet.sweep(
-            work,
-            args.seeds,
-            nodes=args.nodes,
-            configs=args.configs,
-            rounds=args.rounds,
-            profile_seconds=args.profile_seconds,
-            arrival_window=args.arrival_window,
-        )
+
+        def simulate() -> None:
+            shared_options: dict[str, Any]
+            if args.no_remote:
+                shared_url, shared_options = f"file://{work}/shared", {}
+            else:
+                shared_url, shared_options = stack.enter_context(servers.s3_server())
+            results["fleet"] = fleet.simulate(
+                work,
+                shared_url,
+                shared_options,
+                nodes=args.nodes,
+                configs=args.configs,
+                profile_seconds=args.profile_seconds,
+                arrival_window=args.arrival_window,
+                rounds=args.rounds,
+                timeout=args.fleet_timeout,
+            )
+
+        def sweep() -> None:
+            results["fleet_sweep"] = fleet.sweep(
+                work,
+                args.seeds,
+                nodes=args.nodes,
+                configs=args.configs,
+                rounds=args.rounds,
+                profile_seconds=args.profile_seconds,
+                arrival_window=args.arrival_window,
+            )
+
+        fleet_what = f"fleet simulation: {args.nodes} processes, {args.rounds} rounds, "
+        run.stage("fleet", fleet_what + results["fleet_store"], simulate)
+        sweep_what = f"fleet sweep: {args.seeds} fleets, before and after (simulated time)"
+        run.stage("sweep", sweep_what, sweep)
     reason = boot.skip_reason()
     results["boot"] = f"skipped: {reason}" if reason else "available: run python -m benchmarks.boot"
-    results["wall_seconds"] = time.monotonic() - start
+    run.skip("boot", "real vLLM boots on a GPU", reason or "not in the main job")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = report.outputs(args.out)
+    start = time.monotonic()
+    results: dict[str, Any] = {"machine": machine.describe(), "stores": {}}
+    with console.Run(files["log"]) as run:
+        _measure(run, args, results)
+        results["stages"] = run.stages
+        what = "the plot, " + files[report.PLOT].name
+        if importlib.util.find_spec("matplotlib") is None:
+            why = "matplotlib is not installed: pip install 'plancache[bench]'"
+            run.skip(report.PLOT, what, why)
+        else:
+            run.stage(report.PLOT, what, lambda: report.plot(results, files[report.PLOT]))
+        results["wall_seconds"] = time.monotonic() - start
+        results["failed"] = run.failed()
+        report.write_json(results, files["figures"])
+        files["tables"].write_text(report.table(results) + "\n")
+    print(report.summary(results, run.log_counts(), files["log"]))
     print()
-    if "compile" in results:
-        print(compile_share.table(results["compile"]))
-        print()
-    print(report.table(results))
-    if "plugin_costs" in results:
-        print()
-        print(plugin_costs.table(results["plugin_costs"]))
-    report.write_json(results, args.out / "results.json")
-    report.plot(results, args.out / "results.png")
-    print(
-        f"\nwrote {args.out / 'results.json'} and {args.out / 'results.png'} "
-        f"in {results['wall_seconds']:.0f} s"
-    )
-    return 0
+    print(report.headline(results))
+    print()
+    print(report.paths(files, run.stages))
+    return 1 if results["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from benchmarks.console import log_to_stderr
 from benchmarks.report import contention_table
 from plancache import Plan, PlanStore, open_store
 from plancache.errors import PlanStoreError
@@ -145,7 +146,7 @@ def contend(opener: Opener, pts: list[Point], processes: int) -> list[dict[str, 
     manager = ctx.Manager()
     ready, start = manager.Semaphore(0), manager.Queue()
     batches = [[(i, p) for i, p in enumerate(pts) if i % processes == k] for k in range(processes)]
-    with ctx.Pool(processes) as pool:
+    with ctx.Pool(processes, initializer=log_to_stderr) as pool:
         pending = pool.starmap_async(_process, [(opener, b, ready, start) for b in batches])
         for _ in range(processes):
             ready.acquire(timeout=120)

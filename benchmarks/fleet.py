@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.console import log_to_stderr
 from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache
@@ -138,7 +139,9 @@ def _open(boot: Boot) -> Any:
 
 
 def _node_start(shared_url: str) -> None:
-    """Pool initializer: load the shared store's client library (see the module doc)."""
+    """Pool initializer: log as the main job does (``console.log_to_stderr``); load the
+    shared store's client library (see the module doc)."""
+    log_to_stderr()
     if "://" in shared_url and not shared_url.startswith("file://"):
         from plancache.backends import s3  # noqa: F401
 

@@ -1,11 +1,17 @@
-"""The benchmark's outputs: a terminal table, a JSON file and a PNG plot."""
+"""The benchmark's outputs: the headline table the terminal ends with, every table (a text
+file), every figure (a JSON file) and a PNG plot that leads with what plancache saves."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks import compile_share, plugin_costs
+
+PLOT = "plot"
 
 
 def _us(p: dict[str, Any]) -> str:
@@ -15,8 +21,10 @@ def _us(p: dict[str, Any]) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """Plain-text summary of every figure measured."""
-    lines = [
+    """Every table: the compile-artifact boots, the stores, the fleet, contention and the
+    plugin's critical-path cost."""
+    lines = [compile_share.table(results["compile"]), ""] if "compile" in results else []
+    lines += [
         f"machine: {results['machine']['cpu']} x{results['machine']['cpu_count']}, "
         f"{results['machine']['memory_gib']:.0f} GiB, GPUs: "
         f"{', '.join(results['machine']['gpus']) or 'none'}"
@@ -90,6 +98,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(contention_table(results["contention"]))
     lines.append("")
     lines.append(f"real boot: {results['boot']}")
+    if "plugin_costs" in results:
+        lines += ["", plugin_costs.table(results["plugin_costs"])]
     return "\n".join(lines)
 
 
@@ -139,95 +149,364 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    """The compile-artifact boots (first, when measured), latency per backend and operation
-    (grouped by backend), each backend's hit as a multiple of vLLM's built-in read, and the
-    fleet's profiles per round, before and after."""
+def outputs(out: Path) -> dict[str, Path]:
+    """The files a run writes under ``out``, by what they hold."""
+    return {
+        "figures": out / "results.json",
+        "tables": out / "tables.txt",
+        PLOT: out / "results.png",
+        "log": out / "bench.log",
+    }
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the headline: what, the figure in words, and for a saving the seconds it
+    saves per boot (None: no bar to draw). ``measured`` is False for a figure this run could
+    not measure; ``text`` then says why."""
+
+    label: str
+    text: str
+    seconds: float | None = None
+    measured: bool = True
+
+
+def _why_missing(results: dict[str, Any], stage: str) -> str:
+    """Why ``stage`` measured nothing in this run: its status (``skipped: ...``,
+    ``failed: ...``)."""
+    status: str = results.get("stages", {}).get(stage, {}).get("status", "not run")
+    return status
+
+
+def _time(us: float) -> str:
+    """Microseconds in the unit that reads best."""
+    if us < 1e3:
+        return f"{us:.0f} µs"
+    return f"{us / 1e3:.1f} ms" if us < 1e6 else f"{us / 1e6:.2f} s"
+
+
+def _times(ratio: float) -> str:
+    """A multiple, to two or three significant digits."""
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x"
+
+
+def savings(results: dict[str, Any]) -> list[Row]:
+    """What plancache saved per boot in this run: compile time on a new node fed from the
+    store (real vLLM compiles) and KV-cache profiles avoided by the fleet (simulated
+    profiling time); a row that says why for each one this run could not measure."""
+    rows: list[Row] = []
+    compiled = results.get("compile", {})
+    for name, case in compiled.get("cases", {}).items():
+        if name.startswith("new node"):
+            where = name.removeprefix("new node, ").replace("dir", "directory")
+            cold = case["first_forward_s"] + case["first_forward_saved_s"]
+            rows.append(
+                Row(
+                    f"compile: new node, artifact from {where}",
+                    f"first forward {case['first_forward_s']:.1f} s vs {cold:.1f} s cold: "
+                    f"{case['first_forward_saved_s']:.1f} s saved "
+                    f"({case['first_forward_ratio']:.2f}x; real vLLM compile)",
+                    case["first_forward_saved_s"],
+                )
+            )
+    if "cases" not in compiled:
+        why = compiled.get("skipped") or _why_missing(results, "compile")
+        rows.append(Row("compile: new node, artifact from the store", why, measured=False))
+    fleet = results.get("fleet")
+    if fleet:
+        labels = {
+            "shared": f"KV profiling: fleet on {results.get('fleet_store', 'a shared store')}",
+            "per-node": "KV profiling: per-node plans (vLLM built-in)",
+        }
+        for setup, label in labels.items():
+            f = fleet["setups"][setup]
+            timeouts = f["reasons"].get("timeout", 0)
+            saved = f["simulated_seconds_saved"] / f["boots"]
+            rows.append(
+                Row(
+                    label,
+                    f"{f['boots'] - f['profiles_paid']}/{f['boots']} boots skipped profiling: "
+                    f"{saved:.2f} s saved per boot (SIMULATED "
+                    f"{fleet['profile_seconds_simulated']} s profile)"
+                    + (f"; {timeouts} lookups timed out" if timeouts else ""),
+                    saved,
+                )
+            )
+    else:
+        why = _why_missing(results, "fleet")
+        rows.append(Row("KV profiling: fleet simulation", why, measured=False))
+    sweep = results.get("fleet_sweep")
+    if not sweep:
+        why = _why_missing(results, "sweep")
+        rows.append(Row("KV profiling: fleet sweep (simulated time)", why, measured=False))
+    else:
+        per_round = {
+            name: "/".join(f"{x:.1f}" for x in f["mean_profiles_per_round"])
+            for name, f in sweep["policies"].items()
+        }
+        clean = sweep["policies"]["frontier"]["seeds_with_no_node_profiling_again"]
+        rows.append(
+            Row(
+                f"KV profiling: {sweep['seeds']} fleets of {sweep['nodes']} (simulated time)",
+                f"profiles per round: shared {per_round['frontier']}, per-node "
+                f"{per_round['per-node']}; no node profiled twice in {clean}/{sweep['seeds']}",
+            )
+        )
+    if "boot" in results:
+        rows.append(Row("KV profiling and compile, real GPU boots", results["boot"], None, False))
+    return rows
+
+
+def costs(results: dict[str, Any]) -> list[Row]:
+    """What plancache cost in this run: a lookup hit on each backend beside vLLM's built-in
+    read, the plugin's critical path, ``import plancache``, and writes under contention."""
+    rows: list[Row] = []
+    stores = results["stores"]
+    base = stores.get(BASELINE[0], {}).get(BASELINE[1])
+    if base:
+        rows.append(Row("vLLM's built-in read (open + json.load)", f"{_time(base['p50_us'])} p50"))
+    for backend, ratio in hit_ratios(results).items():
+        hit = stores[backend]["lookup_hit"]
+        rows.append(
+            Row(
+                f"lookup hit, {BACKENDS.get(backend, backend)}",
+                f"{_time(hit['p50_us'])} p50, {_time(hit['p99_us'])} p99: {_times(ratio)} "
+                "vLLM's built-in read",
+            )
+        )
+    plugin = results.get("plugin_costs", {}).get("stores", {})
+    for what in ("hit", "miss", "save") if plugin else ():
+        rows.append(
+            Row(
+                f"vLLM plugin's critical path: {what} (median ms)",
+                ", ".join(
+                    f"{store.removesuffix(' +0 ms')} {f[what + ' after']['median_ms']:.2f}"
+                    for store, f in plugin.items()
+                ),
+            )
+        )
+    imp = results.get("import")
+    if imp:
+        heavy = ", ".join(imp["heavy_modules_loaded"]) or "no client library, vLLM or torch"
+        rows.append(Row("import plancache", f"+{imp['added_ms']:.0f} ms; loads {heavy}"))
+    runs = [
+        r
+        for by_workload in results.get("contention", {}).values()
+        for by_n in by_workload.values()
+        for r in by_n.values()
+    ]
+    if runs:
+        writers = sorted(r["writers"] for r in runs)
+        rows.append(
+            Row(
+                f"write contention: {writers[0]}-{writers[-1]} writers on one key",
+                f"{len(runs)} runs: {sum(r['lost'] for r in runs)} observations lost, "
+                f"{sum(r['gave_up'] for r in runs)} writers gave up; requests per put p99 "
+                f"at most {max(r['requests']['p99'] for r in runs)}",
+            )
+        )
+    missing = {
+        "import": "import plancache",
+        "local": "local store",
+        "remote": "S3 and GCS",
+        "plugin": "vLLM plugin's critical path",
+        "contention": "write contention",
+    }
+    for stage, label in missing.items():
+        status = results.get("stages", {}).get(stage, {}).get("status", "measured")
+        if status != "measured":
+            rows.append(Row(label, _why_missing(results, stage), measured=False))
+    return rows
+
+
+BACKENDS = {"s3": "S3 (moto, loopback)", "gcs": "GCS (fake-gcs-server, loopback)"}
+
+
+def headline(results: dict[str, Any]) -> str:
+    """The table the run ends with: what plancache saved, what it cost, what could not be
+    measured here (and why), and what failed."""
+    m = results["machine"]
+    sections = {
+        "WHAT IT SAVES AT BOOT": [r for r in savings(results) if r.measured],
+        "WHAT IT COSTS": [r for r in costs(results) if r.measured],
+        "NOT MEASURED HERE": [r for r in [*savings(results), *costs(results)] if not r.measured],
+        "FAILED (traceback in the log)": [
+            Row(results["stages"][stage]["what"], error)
+            for stage, error in results.get("failed", {}).items()
+        ],
+    }
+    width = max(len(r.label) for rows in sections.values() for r in rows)
+    title = (
+        f"headline results: {m['cpu']} x{m['cpu_count']}, {m['memory_gib']:.0f} GiB, "
+        f"GPUs: {', '.join(m['gpus']) or 'none'}"
+    )
+    lines = [title, "-" * len(title)]
+    for heading, rows in sections.items():
+        if rows:
+            lines.append(heading)
+            lines += [f"  {r.label:{width}s}  {r.text}" for r in rows]
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, Any], log_counts: dict[str, int], log: Path) -> str:
+    """One line: stages measured, skipped and failed, the seconds, and the log's warnings."""
+    statuses = [s["status"].split(":")[0] for s in results["stages"].values()]
+    return (
+        f"{len(statuses)} stages in {results['wall_seconds']:.0f} s: "
+        f"{statuses.count('measured')} ran, {statuses.count('skipped')} skipped, "
+        f"{statuses.count('failed')} failed; worker and library output in {log} "
+        f"({log_counts['WARNING']} warning and {log_counts['ERROR']} error lines)"
+    )
+
+
+def paths(files: dict[str, Path], stages: dict[str, dict[str, Any]]) -> str:
+    """Where the full outputs are (the plot's line says why when it was not written)."""
+    names = {
+        "figures": "every figure (JSON)",
+        "tables": "every table",
+        PLOT: "plot",
+        "log": "log of workers and libraries",
+    }
+    lines = ["outputs:"]
+    for key, path in files.items():
+        status = stages.get(key, {}).get("status", "measured")
+        shown = path if status == "measured" else f"not written ({status})"
+        lines.append(f"  {names[key]:30s} {shown}")
+    return "\n".join(lines)
+
+
+def figure(results: dict[str, Any]) -> Any:
+    """The plot as a matplotlib figure: what plancache saves per boot first (top left: every
+    saving this run measured, and a line saying why for each one it could not), then the
+    fleet's profiles per round, the compile-artifact boots, and last what it costs (store
+    operation latency per backend, a hit's multiple of vLLM's built-in read beside it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    compiled = results.get("compile", {}).get("cases")
-    first = [1.1] if compiled else []  # compile artifacts first: a boot-time saving measured here
-    fig, axes = plt.subplots(
-        1,
-        3 + len(first),
-        figsize=(17 + 6 * len(first), 7),
-        gridspec_kw={"width_ratios": [*first, 1.5, 0.8, 1.1]},
+    fig, axes = plt.subplots(2, 2, figsize=(19, 13), gridspec_kw={"width_ratios": [1.3, 1]})
+    _plot_savings(axes[0][0], savings(results))
+    _plot_sweep(axes[0][1], results)
+    if "cases" in results.get("compile", {}):
+        compile_share.plot_boots(axes[1][0], results["compile"])
+    else:
+        why = results.get("compile", {}).get("skipped") or _why_missing(results, "compile")
+        _not_measured(axes[1][0], "vLLM compile: cold vs warm vs new node", why)
+    _plot_costs(axes[1][1], results)
+    m = results["machine"]
+    fig.suptitle(
+        f"plancache: what it saves at boot, and what it costs ({m['cpu']} x{m['cpu_count']}, "
+        f"GPUs: {', '.join(m['gpus']) or 'none'})",
+        fontsize=13,
     )
-    ax1, ax2, ax3 = axes[-3:]
-    if compiled:
-        from benchmarks.compile_share import plot_boots
+    fig.tight_layout()
+    return fig
 
-        plot_boots(axes[0], results["compile"])
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Write ``figure(results)`` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(results)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _not_measured(ax: Any, title: str, why: str) -> None:
+    ax.set_title(title)
+    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True, color="dimgray")
+    ax.set_axis_off()
+
+
+def _plot_savings(ax: Any, rows: list[Row]) -> None:
+    """One bar per saving measured (seconds saved per boot, on a log scale that keeps a
+    tenth of a second beside tens of seconds, its words beside it), one line per saving not
+    measured here (why)."""
+    shown = [r for r in rows if r.seconds is not None or not r.measured]
+    ys = list(range(len(shown)))
+    seconds = [r.seconds or 0.0 for r in shown]
+    colors = ["tab:green" if r.label.startswith("compile") else "tab:blue" for r in shown]
+    ax.barh(ys, seconds, 0.6, color=colors)
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlim(0, max([*seconds, 1.0]) * 1e3)  # room for the words
+    for y, r, x in zip(ys, shown, seconds, strict=True):
+        ax.text(
+            max(x, 0.0) * 1.15 + 0.01,
+            y,
+            r.text if r.measured else f"not measured here: {r.text}",
+            va="center",
+            fontsize=8,
+            color="black" if r.measured else "dimgray",
+            style="normal" if r.measured else "italic",
+        )
+    ax.set_yticks(ys, [r.label for r in shown], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds saved per boot (log; measured here, fleet profiling SIMULATED)")
+    ax.set_title("what plancache SAVES per boot")
+
+
+def _plot_sweep(ax: Any, results: dict[str, Any]) -> None:
+    """The fleet sweep's mean profiles per round, per policy."""
+    sweep = results.get("fleet_sweep")
+    if not sweep:
+        _not_measured(ax, "fleet: profiles paid per round", _why_missing(results, "sweep"))
+        return
+    rounds = list(range(1, sweep["rounds"] + 1))
+    styles = {
+        "per-node": ("tab:gray", "s--", "per-node local plans (vLLM built-in)"),
+        "single-point": ("tab:red", "o-", "shared, before: one point per key"),
+        "frontier": ("tab:green", "^-", "shared, after: frontier (plancache)"),
+    }
+    for name, f in sweep["policies"].items():
+        color, style, label = styles[name]
+        clean = f["seeds_with_no_node_profiling_again"]
+        ax.plot(
+            rounds,
+            f["mean_profiles_per_round"],
+            style,
+            color=color,
+            label=f"{label} ({clean}/{sweep['seeds']} seeds clean)",
+        )
+    ax.set_xticks(rounds)
+    ax.set_xlabel("round of boots")
+    ax.set_ylabel(f"profiles paid (mean of {sweep['seeds']} seeds, of {sweep['nodes']} nodes)")
+    ax.set_title(
+        f"fleet: profiles avoided (±{sweep['free_memory_spread_gib']:.0f} GiB free,\n"
+        f"±{sweep['kv_jitter_mib']:.0f} MiB KV jitter, stragglers; simulated time)"
+    )
+    ax.legend(fontsize=8, title="clean: no node profiles after its first profile", title_fontsize=8)
+
+
+def _plot_costs(ax: Any, results: dict[str, Any]) -> None:
+    """Latency per backend and operation (p50, p99; log scale), each backend's lookup hit
+    labelled with its multiple of vLLM's built-in read."""
+    title = "what it COSTS: store operation latency by backend (this machine)"
+    if not results["stores"]:
+        why = _why_missing(results, "local")
+        _not_measured(ax, title, why)
+        return
+    ratios = hit_ratios(results)
     labels: list[str] = []
     p50: list[float] = []
     p99: list[float] = []
     ys: list[float] = []
     y = 0.0
     for backend, figures in results["stores"].items():
-        ops = [(op, p) for op, p in figures.items() if isinstance(p, dict) and p.get("n")]
-        for op, p in ops:
-            labels.append(f"{backend}  {op}")
-            p50.append(p["p50_us"])
-            p99.append(p["p99_us"])
-            ys.append(y)
-            y += 1
+        for op, p in figures.items():
+            if isinstance(p, dict) and p.get("n"):
+                ratio = f"  ({_times(ratios[backend])} built-in)" if op == "lookup_hit" else ""
+                labels.append(f"{backend}  {op}{ratio if backend in ratios else ''}")
+                p50.append(p["p50_us"])
+                p99.append(p["p99_us"])
+                ys.append(y)
+                y += 1
         y += 0.8  # a gap between backends
-    ax1.barh([v - 0.2 for v in ys], p50, 0.4, label="p50")
-    ax1.barh([v + 0.2 for v in ys], p99, 0.4, label="p99")
-    ax1.set_yticks(ys, labels, fontsize=8)
-    ax1.invert_yaxis()
-    ax1.set_xscale("log")
-    ax1.set_xlabel("microseconds (log)")
-    ax1.set_title("store operation latency, by backend (this machine)")
-    ax1.legend(loc="lower right")
-
-    ratios = hit_ratios(results)
-    if ratios:
-        names = list(ratios)
-        ax2.bar(names, [ratios[n] for n in names], color="tab:purple")
-        ax2.axhline(1.0, color="black", linewidth=0.8)
-        for i, n in enumerate(names):
-            ax2.text(i, ratios[n], f"{ratios[n]:.1f}x", ha="center", va="bottom")
-        ax2.set_yscale("log")
-    ax2.set_ylabel("lookup hit p50 / vLLM's built-in read p50 (log)")
-    ax2.set_title("hit latency vs vLLM's built-in\n(open + json.load of the same plan)")
-
-    sweep = results.get("fleet_sweep")
-    if sweep:
-        rounds = range(1, sweep["rounds"] + 1)
-        styles = {
-            "per-node": ("tab:gray", "s--"),
-            "single-point": ("tab:red", "o-"),
-            "frontier": ("tab:green", "^-"),
-        }
-        for name, f in sweep["policies"].items():
-            color, style = styles[name]
-            label = {
-                "per-node": "per-node local plans (vLLM built-in)",
-                "single-point": "shared, before: one point per key",
-                "frontier": "shared, after: frontier",
-            }[name]
-            clean = f["seeds_with_no_node_profiling_again"]
-            ax3.plot(
-                list(rounds),
-                f["mean_profiles_per_round"],
-                style,
-                color=color,
-                label=f"{label} ({clean}/{sweep['seeds']} seeds clean)",
-            )
-        ax3.set_xticks(list(rounds))
-        ax3.set_xlabel("round of boots")
-        ax3.set_ylabel(f"profiles paid (mean of {sweep['seeds']} seeds, of {sweep['nodes']} nodes)")
-        ax3.set_title(
-            f"fleet: ±{sweep['free_memory_spread_gib']:.0f} GiB free, "
-            f"±{sweep['kv_jitter_mib']:.0f} MiB KV jitter,\nstragglers (simulated time)"
-        )
-        ax3.legend(
-            fontsize=8, title="clean: no node profiles after its first profile", title_fontsize=8
-        )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.barh([v - 0.2 for v in ys], p50, 0.4, label="p50")
+    ax.barh([v + 0.2 for v in ys], p99, 0.4, label="p99")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("microseconds (log)")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
