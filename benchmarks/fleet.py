@@ -197,7 +197,7 @@ def _final_check(boots: list[Boot]) -> dict[str, Any]:
         store.close()
         if plan is not None:
             valid += 1
-            applicable += plan.free_memory_baseline <= boot.free_memory  # lowest baseline
+            applicable += plan.min_free_memory_baseline <= boot.free_memory  # lowest baseline
     return {"nodes_with_valid_plan": valid, "nodes_whose_plan_applies": applicable}
 
 

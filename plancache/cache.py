@@ -376,7 +376,7 @@ def _log_lookup(d: Decision, current_free_memory: object) -> None:
     if d.plan is not None:
         extra += (
             f" free={_gib(current_free_memory)} observations={len(d.plan.observations)}"
-            f" lowest-baseline={_gib(d.plan.free_memory_baseline)}"
+            f" lowest-baseline={_gib(d.plan.min_free_memory_baseline)}"
         )
     suspicious = d.reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN, Reason.CRASHED_BEFORE)
     quiet = d.reason in (Reason.HIT, Reason.MISS) or (

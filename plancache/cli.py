@@ -25,6 +25,7 @@ from typing import NoReturn
 from plancache import __version__
 from plancache.commands import (
     SORT_KEYS,
+    CliError,
     cmd_cp,
     cmd_fingerprint,
     cmd_ls,
@@ -40,7 +41,7 @@ from plancache.display import echo
 from plancache.doctor import cmd_doctor
 from plancache.errors import ConfigError, PlanStoreError
 from plancache.parse import parse_seconds
-from plancache.redaction import scrub, secret_values
+from plancache.redaction import scrub, secret_values, without_userinfo
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
 """Failures whose message alone is the error line (ConfigError and InvalidPlanError are
@@ -60,6 +61,12 @@ _TIMEOUT_HELP = (
 )
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
+_URL_OPERAND_HELP = "the same as --url (give one of the two)"
+_EPILOG = (
+    "Every command on one store takes it as --url URL; ls, verify, prune, stats and doctor "
+    "also take it as their operand URL (the same thing). URL defaults to $PLANCACHE_URL "
+    "(else the local default directory). cp takes two stores, SRC and DST."
+)
 _COMMAND_HELP = {
     "ls": "list the plans in a store, one row each (invalid records too, with the reason), "
     "then its compile artifacts",
@@ -77,7 +84,10 @@ _COMMAND_HELP = {
     "conditional writes, clock skew) and this node (signing, local directories, vLLM); "
     "exit 1 if anything is found",
 }
-_SORT_HELP = "age: newest first; kv, baseline: largest first; device, fp: A-Z (default: age)"
+_SORT_HELP = (
+    "age: newest first; kv: largest max KV first; baseline: largest min baseline first; "
+    "device, fp: A-Z (default: age)"
+)
 
 
 # -- argument types and masking ----------------------------------------------------------------
@@ -121,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="plancache",
         description="Inspect and manage stores of vLLM startup plans (local, s3://, gs://).",
-        epilog="URL defaults to $PLANCACHE_URL (else the local default directory).",
+        epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
@@ -146,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def url(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+        """The store of a command on one store: ``--url URL``, and where the store is the
+        only operand, ``URL`` too (``_one_store`` merges the two into ``args.url``)."""
+        p.add_argument("--url", metavar="URL", help=_URL_HELP)
         if positional:
-            p.add_argument("url", nargs="?", metavar="URL", help=_URL_HELP)
-        else:
-            p.add_argument("--url", metavar="URL", help=_URL_HELP)
+            p.add_argument("url_operand", nargs="?", metavar="URL", help=_URL_OPERAND_HELP)
 
     url(p := command("ls", cmd_ls))
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="age", help=_SORT_HELP)
@@ -206,6 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_store(args: argparse.Namespace) -> None:
+    """Set ``args.url`` to the store given as the operand ``URL`` or as ``--url`` (None:
+    neither); ``CliError`` if both are given, with different values."""
+    operand = vars(args).pop("url_operand", None)
+    if operand is None:
+        return
+    if args.url is not None and args.url != operand:
+        raise CliError(
+            f"{args.command}: the store is given twice, as URL {without_userinfo(operand)!r} "
+            f"and as --url {without_userinfo(args.url)!r}: give it once"
+        )
+    args.url = operand
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors). The
     command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
@@ -244,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     args.where = {}  # store URL -> (URL, storage options) it was opened with
     args.keyring = None  # read on first use
     try:
+        _one_store(args)
         return func(args)
     except BrokenPipeError:  # e.g. `plancache ls | head`: stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

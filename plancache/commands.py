@@ -157,8 +157,8 @@ def _host(producer: Mapping[str, Any]) -> str:
 # -- subcommands -------------------------------------------------------------------------------
 SORT_KEYS: dict[str, Callable[[Plan], Any]] = {
     "age": lambda p: -p.created_at,
-    "kv": lambda p: -p.kv_cache_memory_bytes,
-    "baseline": lambda p: -p.free_memory_baseline,
+    "kv": lambda p: -p.max_kv_cache_memory_bytes,
+    "baseline": lambda p: -p.min_free_memory_baseline,
     "device": device,
     "fp": lambda p: p.fingerprint,
 }
@@ -192,8 +192,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             inventory.model(p),
             device(p),
             str(len(p.observations)),
-            gib(p.kv_cache_memory_bytes),
-            gib(p.free_memory_baseline),
+            gib(p.max_kv_cache_memory_bytes),
+            gib(p.min_free_memory_baseline),
             age(now - p.created_at),
             _host({} if p.newest is None else p.newest.producer),
             *([_signed(e, keyring)] if signed else []),

@@ -387,7 +387,10 @@ def prune(
 
 
 def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
-    """``entry`` as a JSON-ready dict: the plan's fields, or the reason it is invalid."""
+    """``entry`` as a JSON-ready dict: the plan's fields, or the reason it is invalid. A
+    plan's ``observations`` are its points as stored; ``max_kv_cache_memory_bytes`` and
+    ``min_free_memory_baseline`` are the extremes of the frontier (two observations'), and
+    ``created_at``, ``age_seconds`` and ``producer`` are the newest observation's."""
     if entry.plan is None:
         return {
             "fingerprint": entry.fingerprint,
@@ -401,9 +404,9 @@ def entry_dict(entry: Entry, now: float | None = None) -> dict[str, Any]:
         "valid": True,
         "device": device(p),
         "model": model(p),
-        "observations": len(p.observations),
-        "kv_cache_memory_bytes": p.kv_cache_memory_bytes,
-        "free_memory_baseline": p.free_memory_baseline,
+        "observations": [o.to_dict() for o in p.observations],
+        "max_kv_cache_memory_bytes": p.max_kv_cache_memory_bytes,
+        "min_free_memory_baseline": p.min_free_memory_baseline,
         "created_at": p.created_at,
         "age_seconds": (time.time() if now is None else now) - p.created_at,
         "producer": {} if p.newest is None else dict(p.newest.producer),

@@ -31,6 +31,7 @@ import itertools
 import json
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field, replace
 from types import MappingProxyType
@@ -200,16 +201,31 @@ class Plan:
         return cls(fingerprint(factors), factors, (observation,), labels or {})
 
     # -- the frontier's extremes and newest point, for listings ---------------------------
+    # (each Observation has its own kv_cache_memory_bytes and free_memory_baseline)
     @property
-    def kv_cache_memory_bytes(self) -> int:
+    def max_kv_cache_memory_bytes(self) -> int:
         """The largest KV cache any observation allocated (the last one's); 0 without any."""
         return self.observations[-1].kv_cache_memory_bytes if self.observations else 0
 
     @property
-    def free_memory_baseline(self) -> int:
+    def min_free_memory_baseline(self) -> int:
         """The lowest baseline of any observation (the first one's): below it nothing applies;
         0 without any."""
         return self.observations[0].free_memory_baseline if self.observations else 0
+
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        """Deprecated alias of ``max_kv_cache_memory_bytes``; warns with ``DeprecationWarning``."""
+        message = "Plan.kv_cache_memory_bytes is deprecated: use Plan.max_kv_cache_memory_bytes"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return self.max_kv_cache_memory_bytes
+
+    @property
+    def free_memory_baseline(self) -> int:
+        """Deprecated alias of ``min_free_memory_baseline``; warns with ``DeprecationWarning``."""
+        message = "Plan.free_memory_baseline is deprecated: use Plan.min_free_memory_baseline"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return self.min_free_memory_baseline
 
     @property
     def newest(self) -> Observation | None:

@@ -124,12 +124,36 @@ def test_a_schema_1_record_reads_as_a_one_point_frontier() -> None:
     }
     plan = Plan.decode(orjson.dumps(legacy))
     assert plan.schema == 1 and len(plan.observations) == 1
-    assert (plan.kv_cache_memory_bytes, plan.free_memory_baseline) == (10 * GiB, 70 * GiB)
+    assert (plan.max_kv_cache_memory_bytes, plan.min_free_memory_baseline) == (10 * GiB, 70 * GiB)
     assert plan.newest is not None and plan.newest.producer == {"host": "old"}
     assert plan.labels == {}
     assert orjson.loads(plan.encode())["schema"] == 2  # written back as schema 2
     with pytest.raises(InvalidPlanError, match="lacks"):
         Plan.decode(orjson.dumps({k: v for k, v in legacy.items() if k != "created_at"}))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("kv_cache_memory_bytes", "max_kv_cache_memory_bytes"),
+        ("free_memory_baseline", "min_free_memory_baseline"),
+    ],
+)
+def test_the_frontiers_extremes_and_their_deprecated_names(old: str, new: str) -> None:
+    """The largest KV and the lowest baseline come from different observations; the old
+    names return the same values and warn, pointing at the caller."""
+    low = Observation(
+        kv_cache_memory_bytes=8 * GiB, free_memory_baseline=60 * GiB, created_at=1.7e9
+    )
+    high = Observation(
+        kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB, created_at=1.7e9
+    )
+    plan = Plan(fingerprint({"a": 1}), {"a": 1}, (low, high))
+    assert (plan.max_kv_cache_memory_bytes, plan.min_free_memory_baseline) == (10 * GiB, 60 * GiB)
+    with pytest.warns(DeprecationWarning, match=f"^Plan.{old} is deprecated: use Plan.{new}$") as w:
+        value = getattr(plan, old)
+    assert value == getattr(plan, new)
+    assert [x.filename for x in w] == [__file__]
 
 
 def test_labels_are_not_part_of_the_key() -> None:

@@ -208,7 +208,7 @@ def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> Non
     assert (recorded.outcome, recorded.reason) == (None, "store-error")
     kept = tier.get(make_plan().fingerprint)
     assert kept is not None
-    assert (kept.kv_cache_memory_bytes, kept.free_memory_baseline) == (10 * GiB, 70 * GiB)
+    assert (kept.max_kv_cache_memory_bytes, kept.min_free_memory_baseline) == (10 * GiB, 70 * GiB)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +234,7 @@ if pid == 0:
         print("other:", type(exc).__name__, exc, flush=True)
         code = 3
     plan = LocalStore(tier).get(make_plan().fingerprint)
-    print("local-kv:", None if plan is None else plan.kv_cache_memory_bytes, flush=True)
+    print("local-kv:", None if plan is None else plan.max_kv_cache_memory_bytes, flush=True)
     os._exit(code)
 _, status = os.waitpid(pid, 0)
 sys.exit(os.waitstatus_to_exitcode(status))

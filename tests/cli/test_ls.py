@@ -36,12 +36,12 @@ def test_ls_lists_plans_and_invalid_records(store: LocalFixture) -> None:
 
     rows = json.loads(ok("ls", str(root), "--json", "--sort", "kv"))
     valid = [r for r in rows if r["valid"]]
-    assert [r["kv_cache_memory_bytes"] for r in valid] == [3 * GiB, 2 * GiB, 1 * GiB]
+    assert [r["max_kv_cache_memory_bytes"] for r in valid] == [3 * GiB, 2 * GiB, 1 * GiB]
     assert valid[0]["fingerprint"] == plans[0].fingerprint
     assert valid[0]["device"] == "NVIDIA H100" and valid[0]["producer"]["host"] == "host-a"
     assert (valid[0]["model"], valid[0]["observations"], valid[0]["labels"]) == (
         "a",
-        1,
+        [plans[0].observations[0].to_dict()],
         {"model": "a"},
     )
     assert rows[-1] == {
@@ -53,7 +53,7 @@ def test_ls_lists_plans_and_invalid_records(store: LocalFixture) -> None:
     assert "exceeds" in rows[-1]["error"]
 
     by_baseline = json.loads(ok("ls", str(root), "--json", "--sort", "baseline"))
-    assert [r["free_memory_baseline"] for r in by_baseline if r["valid"]] == [
+    assert [r["min_free_memory_baseline"] for r in by_baseline if r["valid"]] == [
         80 * GiB,
         70 * GiB,
         60 * GiB,
@@ -148,11 +148,21 @@ def test_ls_shows_the_frontier_of_each_record(tmp_path: Path) -> None:
     ]
     assert lines[-1] == f"2 plans, 0 invalid, in {root}"
     rows = {r["fingerprint"]: r for r in json.loads(ok("ls", str(root), "--json"))}
-    assert rows[wide.fingerprint]["observations"] == 3
-    assert rows[wide.fingerprint]["kv_cache_memory_bytes"] == 11 * GiB
-    assert rows[wide.fingerprint]["free_memory_baseline"] == 66 * GiB
+    # the extremes are named as such; the points are the observations, as stored
+    assert rows[wide.fingerprint]["max_kv_cache_memory_bytes"] == 11 * GiB
+    assert rows[wide.fingerprint]["min_free_memory_baseline"] == 66 * GiB
+    points = rows[wide.fingerprint]["observations"]
+    assert points == [o.to_dict() for o in wide.observations]
+    assert [(o["kv_cache_memory_bytes"], o["free_memory_baseline"]) for o in points] == [
+        (int(9.5 * GiB), 66 * GiB),
+        (10 * GiB, 70 * GiB),
+        (11 * GiB, 75 * GiB),
+    ]
+    assert {o["producer"]["host"] for o in points} == {"host-wide"}
+    assert "kv_cache_memory_bytes" not in rows[wide.fingerprint]
+    assert "free_memory_baseline" not in rows[wide.fingerprint]
     assert rows[wide.fingerprint]["model"] == "wide"
-    assert (rows[legacy]["model"], rows[legacy]["observations"], rows[legacy]["labels"]) == (
+    assert (rows[legacy]["model"], len(rows[legacy]["observations"]), rows[legacy]["labels"]) == (
         "-",
         1,
         {},

@@ -58,7 +58,7 @@ def test_prune(store: LocalFixture) -> None:
     assert s.get(b.fingerprint) is None and s.get(c.fingerprint) is None
     kept = s.get(mixed.fingerprint)  # the fresh observation stays, in the same record
     assert kept is not None and kept.observations == mixed.observations[2:]
-    assert (kept.kv_cache_memory_bytes, kept.labels) == (3 * GiB, {"model": "mixed"})
+    assert (kept.max_kv_cache_memory_bytes, kept.labels) == (3 * GiB, {"model": "mixed"})
 
     for duration in ("12h", "45m", "10s"):
         assert run("prune", "--older-than", duration, "--dry-run", str(root)).returncode == 0

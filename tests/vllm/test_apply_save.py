@@ -25,7 +25,7 @@ def test_miss_profiles_and_saves(gpu: ModuleType, store_dir: Path) -> None:
     assert "memory-profiling" in worker.events
     [plan] = stored(store_dir)
     assert plan.fingerprint == key
-    assert (plan.kv_cache_memory_bytes, plan.free_memory_baseline) == (30 * GiB, 80 * GiB)
+    assert (plan.max_kv_cache_memory_bytes, plan.min_free_memory_baseline) == (30 * GiB, 80 * GiB)
     assert getattr(worker, apply.STATE_ATTR).mode == "profiling"
 
 
@@ -57,7 +57,7 @@ def test_explicit_value_respected(gpu: ModuleType, store_dir: Path) -> None:
     assert booted(worker) == 7 * GiB
     assert worker.cache_config.kv_cache_memory_bytes == 7 * GiB
     [plan] = stored(store_dir)
-    assert plan.kv_cache_memory_bytes == 30 * GiB
+    assert plan.max_kv_cache_memory_bytes == 30 * GiB
     assert getattr(worker, apply.STATE_ATTR).mode == "explicit"
 
 
@@ -71,7 +71,7 @@ def test_gate_rejects_plan_from_a_roomier_boot(
     assert "memory-profiling" in worker.events
     assert "gate:free-memory-below-baseline" in caplog.text
     [plan] = stored(store_dir)  # 20 GiB at 70 does not dominate 30 GiB at 80
-    assert plan.kv_cache_memory_bytes == 30 * GiB
+    assert plan.max_kv_cache_memory_bytes == 30 * GiB
 
 
 def test_store_error_profiles(
@@ -145,7 +145,7 @@ def test_public_functions_follow_vllms_semantics(gpu: ModuleType, store_dir: Pat
     assert plugin.maybe_save_startup_plan(explicit, 5 * GiB) is None
     no_lookup = gpu.Worker(profiled_kv=31 * GiB)  # a key made now could be one no lookup makes
     assert plugin.maybe_save_startup_plan(no_lookup, 31 * GiB) is None
-    assert [p.kv_cache_memory_bytes for p in stored(store_dir)] == [29 * GiB]
+    assert [p.max_kv_cache_memory_bytes for p in stored(store_dir)] == [29 * GiB]
 
 
 def test_public_functions_never_raise(store_dir: Path) -> None:
