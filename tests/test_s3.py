@@ -18,7 +18,7 @@ from plancache.testing.servers import CountingProxy, MotoS3
 
 PREFIX = "plans"
 
-RACE_BOUNDS = {"read_timeout": 5.0, "timeout": 15.0}
+RACE_BOUNDS = {"connect_timeout": 5.0, "read_timeout": 5.0, "timeout": 15.0}
 """Looser per-call bounds for the contract, whose 16-process races load a 2-core machine; the
 default bounds are tested in test_faults.py."""
 

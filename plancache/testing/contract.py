@@ -413,7 +413,8 @@ class StoreContract:
         plans = [make_plan((1 + i) * GiB, (40 + i) * GiB) for i in range(n)]
         store.get(make_plan(factors={"model": "warm-up"}).fingerprint)  # the client is open
         creates = _count_creates(store)
-        assert not race(lambda p: store.put(p), plans, timeout=120)
+        errors = race(lambda p: store.put(p), plans, timeout=120)
+        assert not errors, errors
         final = store.get(plans[0].fingerprint)
         assert final is not None
         assert final.observations == tuple(o for p in plans for o in p.observations)
