@@ -32,9 +32,9 @@ from plancache.fingerprint import Scalar, fingerprint
 from plancache.gate import Budget, gate
 from plancache.observation import Observation
 from plancache.plan import Plan
-from plancache.reasons import Reason, RecordReason
+from plancache.reasons import RECORD_FAILURES, PutOutcome, Reason
 from plancache.redaction import scrub
-from plancache.store import PlanStore, PutOutcome
+from plancache.store import PlanStore
 from plancache.units import gib_text as _gib
 
 if TYPE_CHECKING:
@@ -66,20 +66,15 @@ class Decision:
 
 @dataclass(frozen=True)
 class Recorded:
-    """The result of a record. ``outcome`` is None when nothing was stored (see
-    ``RecordReason`` for every reason)."""
+    """The result of a record: ``reason`` is the put's ``outcome`` when it stored (created,
+    replaced or kept), else why nothing was stored (a ``Reason`` of ``RECORD_FAILURES``:
+    ``invalid-input``, ``store-error``, ``timeout``, ``error``) and ``outcome`` is None."""
 
     outcome: PutOutcome | None
-    reason: RecordReason
+    reason: PutOutcome | Reason
     fingerprint: str | None
     seconds: float
     detail: str = ""
-
-
-_RECORD_FAILURES = {
-    Reason.TIMEOUT: RecordReason.TIMEOUT,
-    Reason.STORE_ERROR: RecordReason.STORE_ERROR,
-}
 
 
 def _bounded(fn: Callable[[], T], timeout: float) -> T:
@@ -244,6 +239,7 @@ class PlanCache:
         start = time.perf_counter()
         fp: str | None = None
         outcome: PutOutcome | None = None
+        reason: PutOutcome | Reason
         detail = ""
         try:
             plan = Plan.new(
@@ -255,21 +251,20 @@ class PlanCache:
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise
-            record_reason, detail = RecordReason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
+            reason, detail = Reason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
             try:
-                outcome = _bounded(lambda: self.store.put(plan), self.timeout)
-                record_reason = RecordReason(outcome.value)
+                reason = outcome = _bounded(lambda: self.store.put(plan), self.timeout)
             except Exception as exc:
-                reason, detail = _describe(exc)
-                record_reason = _RECORD_FAILURES.get(reason, RecordReason.ERROR)
-        result = Recorded(outcome, record_reason, fp, time.perf_counter() - start, detail)
+                failure, detail = _describe(exc)
+                reason = failure if failure in RECORD_FAILURES else Reason.ERROR
+        result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
         level = logging.INFO if outcome is not None else logging.WARNING
         log.log(
             level,
             "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
-            record_reason.value,
+            reason.value,
             _short(fp),
             _gib(kv_cache_memory_bytes),
             _gib(free_memory_baseline),

@@ -8,7 +8,6 @@ signing of what is written (``PlanStore.keyring``, see ``plancache.signing``), l
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import logging
@@ -30,6 +29,7 @@ from plancache.fingerprint import validate_key
 from plancache.merge import covers, merge, retract
 from plancache.observation import Observation
 from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
+from plancache.reasons import PutOutcome
 from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")
@@ -48,14 +48,6 @@ def content_version(data: bytes) -> str:
     """A version token for stores without native versions: the sha256 of the bytes (unlike
     inode or mtime, never reused for other content)."""
     return hashlib.sha256(data).hexdigest()
-
-
-class PutOutcome(enum.Enum):
-    """What ``PlanStore.put`` did."""
-
-    CREATED = "created"
-    REPLACED = "replaced"
-    KEPT = "kept"
 
 
 @dataclass(frozen=True)
