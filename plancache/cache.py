@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import __version__, background
+from plancache.backends.lazy import LazyStore
 from plancache.background import Job, JobTimeout
 from plancache.defaults import DEFAULT_BUDGET_S
 from plancache.errors import (
@@ -108,15 +108,17 @@ class PlanCache:
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory, called inside the time budget on first use (and again on
-        the next use while it raises), so that opening a remote client is bounded like any
-        other I/O."""
+        ``store`` may be a factory: the store is then a ``LazyStore`` that opens it on first
+        use (again on the next use while it raises), so that opening a remote client is
+        bounded like any other I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
-        self._store = store if isinstance(store, PlanStore) else None
-        self._factory = None if isinstance(store, PlanStore) else store
-        self._lock = threading.Lock()
+        if not isinstance(store, PlanStore):
+            name = getattr(store, "__qualname__", type(store).__name__)
+            store = LazyStore(f"{name}()", store)
+        self.store: PlanStore = store
+        """The store (a ``LazyStore`` where a factory was given)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
@@ -129,29 +131,14 @@ class PlanCache:
     @classmethod
     def from_settings(cls, settings: Settings) -> PlanCache:
         """A cache on ``settings``' store (opened lazily) with its time budget."""
-        return cls(settings.open_store, timeout=settings.timeout)
-
-    @property
-    def store(self) -> PlanStore:
-        """The store, opened on first use."""
-        with self._lock:
-            if self._store is None:
-                assert self._factory is not None
-                self._store = self._factory()
-            return self._store
+        return cls(LazyStore(settings.url, settings.open_store), timeout=settings.timeout)
 
     def warm(self) -> None:
-        """Start opening the store (importing its client library) in a daemon thread and
-        return at once, so that a later lookup's budget goes to the request alone. Never
-        raises; a failure to open shows up in the next lookup's reason."""
-
-        def open_store() -> None:
-            try:
-                self.store  # noqa: B018 - opening is the point
-            except Exception as exc:
-                log.debug("plancache: warm-up could not open the store: %s", exc)
-
-        background.start(open_store, "plancache-warm")
+        """Start opening the store (a ``LazyStore``: importing its client library) on a
+        daemon thread and return at once, so that a later lookup's budget goes to the request
+        alone. Never raises; a failure to open shows up in the next lookup's reason."""
+        if isinstance(self.store, LazyStore):
+            self.store.start()
 
     def lookup(
         self,
@@ -207,7 +194,7 @@ class PlanCache:
             return False
         from plancache.backends.tiered import TieredStore  # rarely needed: off the import
 
-        store = self.store
+        store = self.store.opened if isinstance(self.store, LazyStore) else self.store  # open now
         what, where = "retracted", f"from {store.url}"
         if isinstance(store, TieredStore) and store.read_only and store.local is None:
             what, where = "not retracted", f"({store.url} is read-only, with no local tier)"

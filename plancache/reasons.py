@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import warnings
+from typing import cast
 
 
 class PutOutcome(enum.StrEnum):
@@ -56,8 +57,8 @@ RECORD_FAILURES = (Reason.INVALID_INPUT, Reason.STORE_ERROR, Reason.TIMEOUT, Rea
 def _record_reason() -> type[enum.StrEnum]:
     """0.2.0's ``RecordReason``: the members of ``PutOutcome`` and ``RECORD_FAILURES``, by
     name, with their values (so equal to them, as ``str``)."""
-    members = [*PutOutcome, *RECORD_FAILURES]
-    return enum.StrEnum("RecordReason", [(m.name, m.value) for m in members])
+    members = [(m.name, m.value) for m in (*PutOutcome, *RECORD_FAILURES)]
+    return cast("type[enum.StrEnum]", enum.StrEnum("RecordReason", members))  # the functional API
 
 
 def deprecated_reason(name: str) -> type[enum.StrEnum] | None:
