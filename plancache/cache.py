@@ -114,11 +114,11 @@ class PlanCache:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
+        self._lazy: LazyStore | None = None
         if not isinstance(store, PlanStore):
             name = getattr(store, "__qualname__", type(store).__name__)
-            store = LazyStore(f"{name}()", store)
-        self.store: PlanStore = store
-        """The store (a ``LazyStore`` where a factory was given)."""
+            store = self._lazy = LazyStore(f"{name}()", store)
+        self._store: PlanStore = store
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
@@ -131,14 +131,20 @@ class PlanCache:
     @classmethod
     def from_settings(cls, settings: Settings) -> PlanCache:
         """A cache on ``settings``' store (opened lazily) with its time budget."""
-        return cls(LazyStore(settings.url, settings.open_store), timeout=settings.timeout)
+        return cls(settings.open_store, timeout=settings.timeout)
+
+    @property
+    def store(self) -> PlanStore:
+        """The store; where a factory was given, the store it returned, opened on first use
+        (``LazyStore.opened``: raises what opening raised, or past its ``open_timeout``)."""
+        return self._store if self._lazy is None else self._lazy.opened
 
     def warm(self) -> None:
-        """Start opening the store (a ``LazyStore``: importing its client library) on a
-        daemon thread and return at once, so that a later lookup's budget goes to the request
-        alone. Never raises; a failure to open shows up in the next lookup's reason."""
-        if isinstance(self.store, LazyStore):
-            self.store.start()
+        """Start opening the store (calling the factory, if one was given) on a daemon
+        thread and return at once, so that a later lookup's budget goes to the request alone.
+        Never raises; a failure to open shows up in the next lookup's reason."""
+        if self._lazy is not None:
+            self._lazy.start()
 
     def lookup(
         self,
@@ -181,7 +187,7 @@ class PlanCache:
         such. Bounded by the time budget; never raises."""
         start = time.perf_counter()
         try:
-            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+            done = _bounded(lambda: self._store.retract(fingerprint, observation), self.timeout)
         except Exception as exc:
             reason, detail = _describe(exc)
             log.warning(
@@ -194,7 +200,7 @@ class PlanCache:
             return False
         from plancache.backends.tiered import TieredStore  # rarely needed: off the import
 
-        store = self.store.opened if isinstance(self.store, LazyStore) else self.store  # open now
+        store = self.store  # open: the retraction went through it
         what, where = "retracted", f"from {store.url}"
         if isinstance(store, TieredStore) and store.read_only and store.local is None:
             what, where = "not retracted", f"({store.url} is read-only, with no local tier)"
@@ -242,7 +248,7 @@ class PlanCache:
         else:
             fp = plan.fingerprint
             try:
-                reason = outcome = _bounded(lambda: self.store.put(plan), self.timeout)
+                reason = outcome = _bounded(lambda: self._store.put(plan), self.timeout)
             except Exception as exc:
                 failure, detail = _describe(exc)
                 reason = failure if failure in RECORD_FAILURES else Reason.ERROR
@@ -290,7 +296,7 @@ class PendingLookup:
         def usable(p: Plan) -> bool:
             return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
-        self._fetch = background.start(lambda: cache.store.find(key, usable), "plancache-lookup")
+        self._fetch = background.start(lambda: cache._store.find(key, usable), "plancache-lookup")
 
     def done(self) -> bool:
         """True once the fetch has finished (found, missed or failed)."""

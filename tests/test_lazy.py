@@ -56,7 +56,7 @@ def test_a_lazy_store_writes_a_read_only_tiered_stores_local_tier(tmp_path: Path
 def test_a_cache_opened_by_a_factory_retracts_from_both_tiers(tmp_path: Path) -> None:
     remote, local, tiered = tiers(tmp_path)
     cache = PlanCache(lambda: tiered, timeout=10.0)
-    assert isinstance(cache.store, LazyStore)
+    assert cache.store is tiered  # opened through a LazyStore
     for plan in (GOOD, BAD):
         cache.store.put(plan)
     assert cache.retract(FP, BAD.observations[0])

@@ -2,9 +2,10 @@
 
 ``GuardedStore`` wraps an object store. Reads and listings go straight through: no probe
 ever runs on a lookup's path. The first write (a put, rewrite or delete, also one that the
-stored record turns into no write at all) starts the conformance probe (``plancache.probe``) in a daemon thread, unless a fresh verdict for this
-store (URL and endpoint) is cached in the local directory, and waits for the verdict (at
-most the probe's own bound, ``PROBE_TIMEOUT_S``). Then, per verdict:
+stored record turns into no write at all) starts the conformance probe (``plancache.probe``)
+in a daemon thread, unless a fresh verdict for this store (URL and endpoint) is cached in the
+local directory, and waits for the verdict (at most the probe's own bound,
+``PROBE_TIMEOUT_S``). Then, per verdict:
 
 - ``honest``: writes go through;
 - ``lies``: one ERROR line names the store and the step that failed, and every write raises

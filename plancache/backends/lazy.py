@@ -46,6 +46,7 @@ class LazyStore(ForwardingStore):
         self._lock = threading.Lock()
         self._opening: Job[PlanStore] | None = None
         self._store: PlanStore | None = None
+        self._keyring: Keyring | None = None
 
     @property
     def inner(self) -> PlanStore:
@@ -66,16 +67,17 @@ class LazyStore(ForwardingStore):
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring``, in the opened store too (now or once it
-        opens)."""
+        opens; without a call, the opened store keeps the keyring it opened with)."""
         with self._lock:
-            self.keyring = keyring
+            self.keyring = self._keyring = keyring
             if self._store is not None:
                 self._store.use_keyring(keyring)
 
     def _open(self) -> PlanStore:
         store = self._opener()
         with self._lock:
-            store.use_keyring(self.keyring)
+            if self._keyring is not None:
+                store.use_keyring(self._keyring)
             self._store = store
         return store
 

@@ -85,10 +85,10 @@ def test_register_opens_the_store_before_any_lookup(
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         cache = apply._cache
-        if cache is not None and repr(cache.store) == opened:
+        if cache is not None and repr(cache._store) == opened:
             break
         time.sleep(0.01)
-    assert apply._cache is not None and repr(apply._cache.store) == opened
+    assert apply._cache is not None and repr(apply._cache._store) == opened
     assert apply._cache.store.url == str(store_dir)
 
 
