@@ -108,9 +108,9 @@ class PlanCache:
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory: the store is then a ``LazyStore`` that opens it on first
-        use (again on the next use while it raises), so that opening a remote client is
-        bounded like any other I/O."""
+        ``store`` may be a factory, called through a ``LazyStore`` on first use (again on the
+        next use while it raises), so that opening a remote client is bounded like any other
+        I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
