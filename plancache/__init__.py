@@ -28,6 +28,7 @@ from plancache.errors import (
     deprecated_alias,
 )
 from plancache.fingerprint import fingerprint  # bound now: the submodule shares its name
+from plancache.reasons import deprecated_reason
 
 __version__ = "0.3.0"
 
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
     from plancache.gate import Budget, applicable_kv_cache_memory_bytes
     from plancache.observation import Observation
     from plancache.plan import Plan
-    from plancache.reasons import Reason, RecordReason
-    from plancache.store import PlanStore, PutOutcome
+    from plancache.reasons import PutOutcome, Reason
+    from plancache.store import PlanStore
 
 _LAZY = {
     "open_store": "plancache.backends",
@@ -49,10 +50,9 @@ _LAZY = {
     "applicable_kv_cache_memory_bytes": "plancache.gate",
     "Observation": "plancache.observation",
     "Plan": "plancache.plan",
+    "PutOutcome": "plancache.reasons",
     "Reason": "plancache.reasons",
-    "RecordReason": "plancache.reasons",
     "PlanStore": "plancache.store",
-    "PutOutcome": "plancache.store",
 }
 
 
@@ -62,7 +62,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    alias = deprecated_alias(name)
+    alias = deprecated_alias(name) or deprecated_reason(name)
     if alias is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return alias
@@ -93,7 +93,6 @@ __all__ = [
     "PutOutcome",
     "RankAgreementError",
     "Reason",
-    "RecordReason",
     "Recorded",
     "UnknownSchemeError",
     "UnsupportedSchemaError",

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import __version__, background
+from plancache.backends.lazy import LazyStore
 from plancache.background import Job, JobTimeout
 from plancache.defaults import DEFAULT_BUDGET_S
 from plancache.errors import (
@@ -32,9 +32,9 @@ from plancache.fingerprint import Scalar, fingerprint
 from plancache.gate import Budget, gate
 from plancache.observation import Observation
 from plancache.plan import Plan
-from plancache.reasons import Reason, RecordReason
+from plancache.reasons import RECORD_FAILURES, PutOutcome, Reason
 from plancache.redaction import scrub
-from plancache.store import PlanStore, PutOutcome
+from plancache.store import PlanStore
 from plancache.units import gib_text as _gib
 
 if TYPE_CHECKING:
@@ -66,20 +66,15 @@ class Decision:
 
 @dataclass(frozen=True)
 class Recorded:
-    """The result of a record. ``outcome`` is None when nothing was stored (see
-    ``RecordReason`` for every reason)."""
+    """The result of a record: ``reason`` is the put's ``outcome`` when it stored (created,
+    replaced or kept), else why nothing was stored (a ``Reason`` of ``RECORD_FAILURES``:
+    ``invalid-input``, ``store-error``, ``timeout``, ``error``) and ``outcome`` is None."""
 
     outcome: PutOutcome | None
-    reason: RecordReason
+    reason: PutOutcome | Reason
     fingerprint: str | None
     seconds: float
     detail: str = ""
-
-
-_RECORD_FAILURES = {
-    Reason.TIMEOUT: RecordReason.TIMEOUT,
-    Reason.STORE_ERROR: RecordReason.STORE_ERROR,
-}
 
 
 def _bounded(fn: Callable[[], T], timeout: float) -> T:
@@ -113,15 +108,17 @@ class PlanCache:
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory, called inside the time budget on first use (and again on
-        the next use while it raises), so that opening a remote client is bounded like any
-        other I/O."""
+        ``store`` may be a factory, called through a ``LazyStore`` on first use (again on the
+        next use while it raises), so that opening a remote client is bounded like any other
+        I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
-        self._store = store if isinstance(store, PlanStore) else None
-        self._factory = None if isinstance(store, PlanStore) else store
-        self._lock = threading.Lock()
+        self._lazy: LazyStore | None = None
+        if not isinstance(store, PlanStore):
+            name = getattr(store, "__qualname__", type(store).__name__)
+            store = self._lazy = LazyStore(f"{name}()", store)
+        self._store: PlanStore = store
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
@@ -138,25 +135,16 @@ class PlanCache:
 
     @property
     def store(self) -> PlanStore:
-        """The store, opened on first use."""
-        with self._lock:
-            if self._store is None:
-                assert self._factory is not None
-                self._store = self._factory()
-            return self._store
+        """The store; where a factory was given, the store it returned, opened on first use
+        (``LazyStore.opened``: raises what opening raised, or past its ``open_timeout``)."""
+        return self._store if self._lazy is None else self._lazy.opened
 
     def warm(self) -> None:
-        """Start opening the store (importing its client library) in a daemon thread and
-        return at once, so that a later lookup's budget goes to the request alone. Never
-        raises; a failure to open shows up in the next lookup's reason."""
-
-        def open_store() -> None:
-            try:
-                self.store  # noqa: B018 - opening is the point
-            except Exception as exc:
-                log.debug("plancache: warm-up could not open the store: %s", exc)
-
-        background.start(open_store, "plancache-warm")
+        """Start opening the store (calling the factory, if one was given) on a daemon
+        thread and return at once, so that a later lookup's budget goes to the request alone.
+        Never raises; a failure to open shows up in the next lookup's reason."""
+        if self._lazy is not None:
+            self._lazy.start()
 
     def lookup(
         self,
@@ -199,7 +187,7 @@ class PlanCache:
         such. Bounded by the time budget; never raises."""
         start = time.perf_counter()
         try:
-            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+            done = _bounded(lambda: self._store.retract(fingerprint, observation), self.timeout)
         except Exception as exc:
             reason, detail = _describe(exc)
             log.warning(
@@ -212,7 +200,7 @@ class PlanCache:
             return False
         from plancache.backends.tiered import TieredStore  # rarely needed: off the import
 
-        store = self.store
+        store = self.store  # open: the retraction went through it
         what, where = "retracted", f"from {store.url}"
         if isinstance(store, TieredStore) and store.read_only and store.local is None:
             what, where = "not retracted", f"({store.url} is read-only, with no local tier)"
@@ -244,6 +232,7 @@ class PlanCache:
         start = time.perf_counter()
         fp: str | None = None
         outcome: PutOutcome | None = None
+        reason: PutOutcome | Reason
         detail = ""
         try:
             plan = Plan.new(
@@ -255,21 +244,20 @@ class PlanCache:
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise
-            record_reason, detail = RecordReason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
+            reason, detail = Reason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
             try:
-                outcome = _bounded(lambda: self.store.put(plan), self.timeout)
-                record_reason = RecordReason(outcome.value)
+                reason = outcome = _bounded(lambda: self._store.put(plan), self.timeout)
             except Exception as exc:
-                reason, detail = _describe(exc)
-                record_reason = _RECORD_FAILURES.get(reason, RecordReason.ERROR)
-        result = Recorded(outcome, record_reason, fp, time.perf_counter() - start, detail)
+                failure, detail = _describe(exc)
+                reason = failure if failure in RECORD_FAILURES else Reason.ERROR
+        result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
         level = logging.INFO if outcome is not None else logging.WARNING
         log.log(
             level,
             "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
-            record_reason.value,
+            reason.value,
             _short(fp),
             _gib(kv_cache_memory_bytes),
             _gib(free_memory_baseline),
@@ -308,7 +296,7 @@ class PendingLookup:
         def usable(p: Plan) -> bool:
             return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
-        self._fetch = background.start(lambda: cache.store.find(key, usable), "plancache-lookup")
+        self._fetch = background.start(lambda: cache._store.find(key, usable), "plancache-lookup")
 
     def done(self) -> bool:
         """True once the fetch has finished (found, missed or failed)."""

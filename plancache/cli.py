@@ -17,12 +17,11 @@ import contextlib
 import os
 import re
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from plancache import __version__
+from plancache import __version__, background
 from plancache.commands import (
     SORT_KEYS,
     CliError,
@@ -236,19 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
     returns 2 without waiting for it."""
     args = build_parser().parse_args(argv)
-    status: list[int] = []
-    command = threading.Thread(
-        target=lambda: status.append(_run(args)), name="plancache-command", daemon=True
-    )
-    command.start()
+    command = background.start(lambda: _run(args), "plancache-command")
     try:
-        command.join(args.timeout)
+        done = command.join(args.timeout)
     except KeyboardInterrupt:
         return 130
-    if command.is_alive():
+    if not done:
         _report(f"{args.command}: not done within {args.timeout:g} s", args)
         return 2
-    return status[0]
+    return command.wait(0)
 
 
 def console() -> NoReturn:

@@ -47,26 +47,25 @@ from plancache.observation import Observation, Tombstone
 from plancache.plan import MAX_LABELS, MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 
 
-def dominates(new: Observation, old: Observation) -> bool:
-    """True if ``new`` makes ``old`` redundant: at least as much KV cache, a baseline no
-    higher (applies on at least as many nodes), and strictly better in one of the two."""
-    kv_ge = new.kv_cache_memory_bytes >= old.kv_cache_memory_bytes
-    base_le = new.free_memory_baseline <= old.free_memory_baseline
-    strict = (
-        new.kv_cache_memory_bytes > old.kv_cache_memory_bytes
-        or new.free_memory_baseline < old.free_memory_baseline
+def at_least_as_good(a: Observation, b: Observation) -> bool:
+    """The one order between observations: ``a`` allocated at least as much KV cache from a
+    baseline no higher (wherever ``b`` applies, ``a`` applies too and serves as much)."""
+    return (
+        a.kv_cache_memory_bytes >= b.kv_cache_memory_bytes
+        and a.free_memory_baseline <= b.free_memory_baseline
     )
-    return kv_ge and base_le and strict
+
+
+def dominates(new: Observation, old: Observation) -> bool:
+    """True if ``new`` makes ``old`` redundant: ``at_least_as_good`` and strictly better in
+    one of the two numbers."""
+    return at_least_as_good(new, old) and not at_least_as_good(old, new)
 
 
 def covers(frontier: Iterable[Observation], observation: Observation) -> bool:
-    """True if some point of ``frontier`` is ``observation`` or dominates it in both numbers:
-    a node that measured ``observation`` can apply at least as much KV cache."""
-    return any(
-        o.kv_cache_memory_bytes >= observation.kv_cache_memory_bytes
-        and o.free_memory_baseline <= observation.free_memory_baseline
-        for o in frontier
-    )
+    """True if some point of ``frontier`` is ``at_least_as_good`` as ``observation`` (is it,
+    or dominates it): a node that measured ``observation`` can apply at least as much."""
+    return any(at_least_as_good(o, observation) for o in frontier)
 
 
 def frontier(
@@ -85,8 +84,8 @@ def frontier(
         unique.values(), key=lambda o: (o.free_memory_baseline, -o.kv_cache_memory_bytes)
     )
     kept: list[Observation] = []
-    for o in points:
-        if not kept or o.kv_cache_memory_bytes > kept[-1].kv_cache_memory_bytes:
+    for o in points:  # the last point kept has the largest KV of those kept, at a baseline <= o's
+        if not kept or not at_least_as_good(kept[-1], o):
             kept.append(o)
     while len(kept) > bound:
         drop = min(

@@ -28,6 +28,7 @@ I/O of its own; ``plancache.backends.guarded`` runs it and keeps verdicts.)
 from __future__ import annotations
 
 import enum
+import functools
 import secrets
 import threading
 import time
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from plancache import background
 from plancache.errors import PlanStoreError, PlanStorePermissionError
 from plancache.store import PlanStore
 
@@ -156,15 +158,12 @@ class _Run:
                 self.unreachable = True
                 results[i] = _Decided(Verdict.UNKNOWN, step, str(exc))
 
-        threads = [
-            threading.Thread(target=racer, args=(i,), name="plancache-probe", daemon=True)
-            for i in range(RACERS)
-        ]
         self.requests += RACERS
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.0, self.deadline - time.monotonic()))
+        jobs = [
+            background.start(functools.partial(racer, i), "plancache-probe") for i in range(RACERS)
+        ]
+        for job in jobs:
+            job.join(self.deadline - time.monotonic())
         for r in results:
             if isinstance(r, _Decided):
                 raise r

@@ -4,11 +4,12 @@ Backends implement six primitives (read with a version token, create-if-absent,
 replace-if-version-matches, delete-if-version-matches, delete, list); everything else,
 including the merge of concurrent writers, the backoff of those that lose a race and the
 signing of what is written (``PlanStore.keyring``, see ``plancache.signing``), lives here once.
+Stores that wrap another (a tier, a lazy opening, a write guard) derive from
+``ForwardingStore`` and reach it through its public methods only, never its primitives.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import logging
@@ -17,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 from plancache.defaults import PUT_BUDGET_S
 from plancache.errors import (
@@ -30,6 +31,7 @@ from plancache.fingerprint import validate_key
 from plancache.merge import covers, merge, retract
 from plancache.observation import Observation
 from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
+from plancache.reasons import PutOutcome as PutOutcome  # what put returns, also named here
 from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")
@@ -48,14 +50,6 @@ def content_version(data: bytes) -> str:
     """A version token for stores without native versions: the sha256 of the bytes (unlike
     inode or mtime, never reused for other content)."""
     return hashlib.sha256(data).hexdigest()
-
-
-class PutOutcome(enum.Enum):
-    """What ``PlanStore.put`` did."""
-
-    CREATED = "created"
-    REPLACED = "replaced"
-    KEPT = "kept"
 
 
 @dataclass(frozen=True)
@@ -104,6 +98,9 @@ class PlanStore(ABC):
       (signed, or kept, as the keyring's rules say).
     - transport and permission failures raise ``PlanStoreError`` subclasses.
     - every key is validated before any I/O.
+
+    ``put`` is ``put_merged`` without the record, and ``retract`` is a ``rewrite``: a
+    subclass that changes how records are written overrides those two, and both follow.
     """
 
     #: False where the backend cannot make create/replace atomic (documented per backend).
@@ -387,3 +384,65 @@ class PlanStore(ABC):
 
     def close(self) -> None:
         """Release resources held by the store (sessions, pools). Idempotent."""
+
+
+class ForwardingStore(PlanStore):
+    """A store that adds behaviour in front of another (``inner``: a tier, a lazy opening, a
+    write guard) and reaches it through its public methods only. Every public method goes to
+    ``inner`` unless a subclass overrides it, except ``put`` and ``retract``, which stay
+    ``put_merged``'s and ``rewrite``'s (``PlanStore``'s): an override of those two covers
+    them. The keyring goes to ``inner`` too. A forwarding store runs no compare-and-swap loop
+    of its own, so its primitives are never called (they raise ``TypeError``)."""
+
+    @property
+    @abstractmethod
+    def inner(self) -> PlanStore:
+        """The store the public methods go to."""
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def atomic(self) -> bool:  # type: ignore[override]
+        return self.inner.atomic
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        super().use_keyring(keyring)
+        self.inner.use_keyring(keyring)
+
+    def get(self, fp: str) -> Plan | None:
+        return self.inner.get(fp)
+
+    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
+        return self.inner.find(fp, usable)
+
+    def put_merged(self, plan: Plan) -> Put:
+        return self.inner.put_merged(plan)
+
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
+        return self.inner.rewrite(fp, change)
+
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        return self.inner.delete_if(fp, doomed)
+
+    def delete(self, fp: str) -> bool:
+        return self.inner.delete(fp)
+
+    def iter_fingerprints(self) -> Iterator[str]:
+        return self.inner.iter_fingerprints()
+
+    def read_raw(self, fp: str) -> bytes | None:
+        return self.inner.read_raw(fp)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _no_primitives(self, *args: object) -> NoReturn:
+        raise TypeError(f"{type(self).__name__} forwards to its inner store: it has no primitives")
+
+    # one stand-in for the six (each signature differs; none of them is ever called)
+    _read = _create = _replace = _delete_if = _delete = _list = _no_primitives  # type: ignore[assignment]

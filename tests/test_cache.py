@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from plancache import PlanCache, PlanStoreError, PutOutcome
+import plancache
+from plancache import PlanCache, PlanStoreError, PutOutcome, reasons
 from plancache.backends.local import LocalStore
+from plancache.reasons import RECORD_FAILURES, Reason
 from plancache.store import PlanStore
 from plancache.testing import FACTORS, GiB, make_plan
 
@@ -94,6 +96,34 @@ def test_bad_factors_and_bad_values_never_raise(store: PlanStore) -> None:
         assert (r.outcome, r.reason) == (None, "invalid-input")
     r = cache.record({"pad": "x" * 70_000}, kv_cache_memory_bytes=1, free_memory_baseline=1)
     assert r.reason == "invalid-input"
+
+
+def test_a_record_reason_is_the_put_outcome_or_a_failure_reason(store: PlanStore) -> None:
+    cache = PlanCache(store)
+    kept = [cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2) for _ in "ab"]
+    assert [r.reason for r in kept] == [PutOutcome.CREATED, PutOutcome.KEPT]
+    assert all(r.reason is r.outcome for r in kept)
+    bad = cache.record(FACTORS, kv_cache_memory_bytes=-1, free_memory_baseline=2)
+    assert (bad.outcome, bad.reason) == (None, Reason.INVALID_INPUT)
+    assert [str(r.reason) for r in (*kept, bad)] == ["created", "kept", "invalid-input"]
+    assert RECORD_FAILURES == ("invalid-input", "store-error", "timeout", "error")
+
+
+@pytest.mark.parametrize("module", [plancache, reasons])
+def test_record_reason_is_deprecated_and_equal_to_what_replaced_it(module: object) -> None:
+    with pytest.warns(DeprecationWarning, match="RecordReason is deprecated"):
+        old = module.RecordReason  # type: ignore[attr-defined]
+    assert {m.name: m.value for m in old} == {
+        "CREATED": "created",
+        "REPLACED": "replaced",
+        "KEPT": "kept",
+        "INVALID_INPUT": "invalid-input",
+        "STORE_ERROR": "store-error",
+        "TIMEOUT": "timeout",
+        "ERROR": "error",
+    }
+    assert old.CREATED == PutOutcome.CREATED and old.TIMEOUT == Reason.TIMEOUT
+    assert "RecordReason" not in plancache.__all__
 
 
 @pytest.mark.parametrize(

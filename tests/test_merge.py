@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancache.merge import dominates
+from plancache.merge import at_least_as_good, covers, dominates, frontier
 from plancache.observation import Observation
 from plancache.testing import GiB
 
@@ -35,3 +35,14 @@ def test_dominance_is_irreflexive_asymmetric_and_transitive(
     assert not (dominates(a, b) and dominates(b, a))
     if dominates(a, b) and dominates(b, c):
         assert dominates(a, c)
+
+
+@given(points, points)
+def test_dominance_and_cover_are_the_one_order(a: Observation, b: Observation) -> None:
+    same_point = (a.kv_cache_memory_bytes, a.free_memory_baseline) == (
+        b.kv_cache_memory_bytes,
+        b.free_memory_baseline,
+    )
+    assert covers([a], b) == at_least_as_good(a, b)
+    assert dominates(a, b) == (at_least_as_good(a, b) and not same_point)
+    assert (b in frontier([a, b])) == (not dominates(a, b))

@@ -31,7 +31,7 @@ from plancache.fingerprint import object_name
 from plancache.inventory import copy, prune, verify
 from plancache.merge import frontier
 from plancache.plan import Plan, Signature
-from plancache.reasons import Reason, RecordReason
+from plancache.reasons import Reason
 from plancache.signing import MIN_KEY_CHARS, NO_KEYS, Keyring, Verdict, key_id, parse_keys
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.contract import race
@@ -498,7 +498,7 @@ def test_retract_prune_and_record_sign_what_they_write(tmp_path: Path) -> None:
     env = {"PLANCACHE_URL": str(tmp_path), "PLANCACHE_SIGNING_KEY": NEW, "PLANCACHE_TIMEOUT": "30"}
     cache = PlanCache.from_env(env)
     recorded = cache.record(FACTORS, kv_cache_memory_bytes=12 * GiB, free_memory_baseline=70 * GiB)
-    assert recorded.reason is RecordReason.CREATED
+    assert recorded.reason is PutOutcome.CREATED
     cache.store.put(A)  # an old observation (created at 1000)
     verify_only = LocalStore(tmp_path)
     verify_only.use_keyring(Keyring(verify_keys=[NEW]))

@@ -29,19 +29,22 @@ each create-if-absent: the first artifact stored for a key serves everyone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from plancache import background
 from plancache.artifacts.archive import ArtifactError, Readable, install, pack, read_manifest
 from plancache.artifacts.blobs import Blobs, LocalBlobs, blobs_for
 from plancache.artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
 from plancache.backends.guarded import GuardedStore, open_guarded
+from plancache.background import Job
 from plancache.config import Settings, is_remote
 from plancache.errors import ConfigError, PlanStoreError
 from plancache.observation import Observation
@@ -322,31 +325,23 @@ class ArtifactStore:
 
 
 class Uploads:
-    """Background uploads of one process: daemon threads, waited for at exit at most
-    ``exit_wait`` seconds in all (``wait``); past it they are abandoned (an abandoned upload
-    stores nothing: see ``plancache.artifacts.blobs``)."""
+    """Background uploads of one process: jobs on daemon threads (``plancache.background``),
+    waited for at exit at most ``exit_wait`` seconds in all (``wait``); past it they are
+    abandoned (an abandoned upload stores nothing: see ``plancache.artifacts.blobs``)."""
 
     def __init__(self) -> None:
-        self.threads: list[threading.Thread] = []
+        self.jobs: list[Job[object]] = []
         self.lock = threading.Lock()
 
-    def start(self, target: object, *args: object) -> threading.Thread:
-        thread = threading.Thread(
-            target=target,  # type: ignore[arg-type]
-            args=args,
-            name="plancache-compile-upload",
-            daemon=True,
-        )
+    def start(self, target: Callable[..., object], *args: object) -> Job[object]:
+        job = background.start(functools.partial(target, *args), "plancache-compile-upload")
         with self.lock:
-            self.threads.append(thread)
-        thread.start()
-        return thread
+            self.jobs.append(job)
+        return job
 
     def wait(self, timeout: float) -> bool:
         """Join every upload, ``timeout`` seconds in all; True if none is left running."""
         deadline = time.monotonic() + timeout
         with self.lock:
-            threads = list(self.threads)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
+            jobs = list(self.jobs)
+        return all([job.join(deadline - time.monotonic()) for job in jobs])

@@ -20,7 +20,6 @@ import copy
 import functools
 import inspect
 import os
-import threading
 import time
 import weakref
 from abc import abstractmethod
@@ -33,6 +32,7 @@ from urllib.parse import urlsplit
 from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
+from plancache import background
 from plancache.defaults import MAX_SECONDS
 from plancache.errors import (
     ConfigError,
@@ -163,7 +163,7 @@ class DaemonThreads(ThreadPoolExecutor):
             else:
                 future.set_result(result)
 
-        threading.Thread(target=run, name="plancache-blocking", daemon=True).start()
+        background.start(run, "plancache-blocking")
         return future
 
 

@@ -1,10 +1,11 @@
 """Never write through a store that ignores the preconditions of conditional writes.
 
 ``GuardedStore`` wraps an object store. Reads and listings go straight through: no probe
-ever runs on a lookup's path. The first write (create, replace or delete) starts the
-conformance probe (``plancache.probe``) in a daemon thread, unless a fresh verdict for this
-store (URL and endpoint) is cached in the local directory, and waits for the verdict (at
-most the probe's own bound, ``PROBE_TIMEOUT_S``). Then, per verdict:
+ever runs on a lookup's path. The first write (a put, rewrite or delete, also one that the
+stored record turns into no write at all) starts the conformance probe (``plancache.probe``)
+in a daemon thread, unless a fresh verdict for this store (URL and endpoint) is cached in the
+local directory, and waits for the verdict (at most the probe's own bound,
+``PROBE_TIMEOUT_S``). Then, per verdict:
 
 - ``honest``: writes go through;
 - ``lies``: one ERROR line names the store and the step that failed, and every write raises
@@ -29,19 +30,21 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from plancache import background
 from plancache.backends import open_store
 from plancache.backends._remote import ObjectStore
+from plancache.background import Job
 from plancache.errors import PlanStoreReadOnlyError, PlanStoreUnavailableError
+from plancache.plan import Plan
 from plancache.probe import PROBE_TIMEOUT_S, ProbeResult, Verdict, probe
 from plancache.redaction import scrub
-from plancache.signing import Keyring
-from plancache.store import PlanStore
+from plancache.store import ForwardingStore, PlanStore, Put
 
 log = logging.getLogger("plancache")
 
@@ -111,8 +114,10 @@ def identity(store: ObjectStore) -> str:
     return f"{store.url}\n{store.endpoint()}"
 
 
-class GuardedStore(PlanStore):
-    """``store`` written only once the conformance probe found it honest (see the module)."""
+class GuardedStore(ForwardingStore):
+    """``store`` written only once the conformance probe found it honest (see the module):
+    reads and listings go to it (``ForwardingStore``), each write asks ``check_writable``
+    first."""
 
     def __init__(
         self,
@@ -131,8 +136,7 @@ class GuardedStore(PlanStore):
         self._lock = threading.Lock()
         self._result: ProbeResult | None = None
         self._expires = 0.0
-        self._thread: threading.Thread | None = None
-        self._done = threading.Event()
+        self._probing: Job[None] | None = None
         if trust:
             log.warning(
                 "plancache: %s=1: writing to %s without checking that it honours conditional "
@@ -142,42 +146,25 @@ class GuardedStore(PlanStore):
             )
 
     @property
-    def url(self) -> str:
-        return self.store.url
-
-    @property
-    def atomic(self) -> bool:  # type: ignore[override]
-        return self.store.atomic
-
-    def __repr__(self) -> str:
-        return f"GuardedStore({self.store!r})"
-
-    def use_keyring(self, keyring: Keyring) -> None:
-        super().use_keyring(keyring)
-        self.store.use_keyring(keyring)
+    def inner(self) -> PlanStore:
+        return self.store
 
     # -- reads go through; writes wait for the verdict ---------------------------------------
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
-        return self.store._read(fp)
-
-    def _list(self) -> Iterator[str]:
-        return self.store._list()
-
-    def _create(self, fp: str, data: bytes) -> bool:
+    def put_merged(self, plan: Plan) -> Put:
         self.check_writable()
-        return self.store._create(fp, data)
+        return super().put_merged(plan)
 
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
         self.check_writable()
-        return self.store._replace(fp, data, version)
+        return super().rewrite(fp, change)
 
-    def _delete_if(self, fp: str, version: object) -> bool:
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
         self.check_writable()
-        return self.store._delete_if(fp, version)
+        return super().delete_if(fp, doomed)
 
-    def _delete(self, fp: str) -> bool:
+    def delete(self, fp: str) -> bool:
         self.check_writable()
-        return self.store._delete(fp)
+        return super().delete(fp)
 
     def check_writable(self) -> None:
         """Return if the store may be written; else raise what the verdict says (see the
@@ -213,14 +200,10 @@ class GuardedStore(PlanStore):
         with self._lock:
             if self._result is not None and time.monotonic() < self._expires:
                 return self._result
-            if self._thread is None or not self._thread.is_alive():
-                self._done.clear()
-                self._thread = threading.Thread(
-                    target=self._probe, name="plancache-probe", daemon=True
-                )
-                self._thread.start()
-            done = self._done
-        if done.wait(self.probe_timeout + 1.0) and self._result is not None:
+            if self._probing is None or self._probing.done():
+                self._probing = background.start(self._probe, "plancache-probe")
+            probing = self._probing
+        if probing.join(self.probe_timeout + 1.0) and self._result is not None:
             return self._result
         return ProbeResult(Verdict.UNKNOWN, None, "the conformance probe is not done")
 
@@ -235,7 +218,6 @@ class GuardedStore(PlanStore):
         with self._lock:
             self._result = result
             self._expires = time.monotonic() + expires
-        self._done.set()
 
     def _find(self) -> tuple[ProbeResult, float]:
         """(verdict, seconds it stays valid)."""
@@ -272,9 +254,6 @@ class GuardedStore(PlanStore):
                 result.verdict.value,
                 where,
             )
-
-    def close(self) -> None:
-        self.store.close()
 
 
 def open_guarded(

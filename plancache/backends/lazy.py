@@ -1,26 +1,29 @@
 """A store opened on first use, with a bound on how long a use waits for the opening.
 
 Opening a remote client can take long (importing its library, credential discovery: 15.7 s
-measured for ``gs://`` without credentials). ``LazyStore`` opens in a daemon thread on first
-use; each use waits at most ``open_timeout`` seconds for it, then raises
-``PlanStoreUnavailableError`` naming the bound while the opening goes on for the next use.
-A failed opening raises its error, and the next use tries again. A local tier in front of a
-``LazyStore`` therefore answers without waiting for the remote at all.
+measured for ``gs://`` without credentials). ``LazyStore`` opens on a daemon thread
+(``plancache.background``) on first use, or earlier with ``start``; each use waits at most
+``open_timeout`` seconds for it, then raises ``PlanStoreUnavailableError`` naming the bound
+while the opening goes on for the next use. A failed opening raises its error, and the next
+use tries again. Once open, every method goes to the opened store (``ForwardingStore``), its
+own overrides included. A local tier in front of a ``LazyStore`` therefore answers without
+waiting for the remote at all.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from plancache import background
 from plancache.backends import open_store
+from plancache.background import Job, JobTimeout
 from plancache.errors import PlanStoreUnavailableError
-from plancache.plan import Plan
 from plancache.redaction import without_userinfo
 from plancache.signing import Keyring
-from plancache.store import PlanStore, PutOutcome
+from plancache.store import ForwardingStore, PlanStore
 
 OPEN_TIMEOUT_S = 5.0
 """Seconds a use of a ``LazyStore`` waits at most for its store to open."""
@@ -31,7 +34,7 @@ def open_lazily(url: str, **storage_options: Any) -> LazyStore:
     return LazyStore(url, functools.partial(open_store, url, **storage_options))
 
 
-class LazyStore(PlanStore):
+class LazyStore(ForwardingStore):
     """The store ``opener()`` returns, opened on first use; ``url`` names it until then."""
 
     def __init__(
@@ -41,10 +44,14 @@ class LazyStore(PlanStore):
         self._opener = opener
         self.open_timeout = open_timeout
         self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._opening: Job[PlanStore] | None = None
         self._store: PlanStore | None = None
-        self._error: BaseException | None = None
+        self._keyring: Keyring | None = None
+
+    @property
+    def inner(self) -> PlanStore:
+        """The opened store (``opened``)."""
+        return self.opened
 
     @property
     def url(self) -> str:
@@ -60,20 +67,28 @@ class LazyStore(PlanStore):
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring``, in the opened store too (now or once it
-        opens)."""
-        super().use_keyring(keyring)
-        if self._store is not None:
-            self._store.use_keyring(keyring)
+        opens; without a call, the opened store keeps the keyring it opened with)."""
+        with self._lock:
+            self.keyring = self._keyring = keyring
+            if self._store is not None:
+                self._store.use_keyring(keyring)
 
-    def _open(self) -> None:
-        try:
-            store = self._opener()
-            store.use_keyring(self.keyring)
+    def _open(self) -> PlanStore:
+        store = self._opener()
+        with self._lock:
+            if self._keyring is not None:
+                store.use_keyring(self._keyring)
             self._store = store
-        except BaseException as exc:  # handed to the waiting caller
-            self._error = exc
-        finally:
-            self._done.set()
+        return store
+
+    def start(self) -> Job[PlanStore]:
+        """Start opening the store on a daemon thread, unless it is open or opening (a
+        failed opening starts again); returns at once."""
+        with self._lock:
+            job = self._opening
+            if job is None or (job.done() and self._store is None):
+                job = self._opening = background.start(self._open, "plancache-open")
+            return job
 
     @property
     def opened(self) -> PlanStore:
@@ -81,65 +96,12 @@ class LazyStore(PlanStore):
         within ``open_timeout`` seconds, or the error that opening it raised."""
         if self._store is not None:
             return self._store
-        with self._lock:
-            if self._thread is None or (self._done.is_set() and self._store is None):
-                self._done.clear()
-                self._error = None
-                self._thread = threading.Thread(
-                    target=self._open, name="plancache-open", daemon=True
-                )
-                self._thread.start()
-            done = self._done
-        if not done.wait(self.open_timeout):
+        try:
+            return self.start().wait(self.open_timeout)
+        except JobTimeout:
             raise PlanStoreUnavailableError(
                 f"{self._url}: open: the client did not open within {self.open_timeout:g} s"
-            )
-        if self._store is None:
-            assert self._error is not None
-            raise self._error
-        return self._store
-
-    # The five primitives and get, find, put, delete, iter_fingerprints and read_raw go to
-    # the opened store; put_merged, rewrite and retract run here (PlanStore's merge loop on
-    # the opened store's primitives).
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
-        return self.opened._read(fp)
-
-    def _create(self, fp: str, data: bytes) -> bool:
-        return self.opened._create(fp, data)
-
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        return self.opened._replace(fp, data, version)
-
-    def _delete_if(self, fp: str, version: object) -> bool:
-        return self.opened._delete_if(fp, version)
-
-    def _delete(self, fp: str) -> bool:
-        return self.opened._delete(fp)
-
-    def _list(self) -> Iterator[str]:
-        return self.opened._list()
-
-    def get(self, fp: str) -> Plan | None:
-        return self.opened.get(fp)
-
-    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
-        return self.opened.find(fp, usable)
-
-    def put(self, plan: Plan) -> PutOutcome:
-        return self.opened.put(plan)
-
-    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
-        return self.opened.delete_if(fp, doomed)
-
-    def delete(self, fp: str) -> bool:
-        return self.opened.delete(fp)
-
-    def iter_fingerprints(self) -> Iterator[str]:
-        return self.opened.iter_fingerprints()
-
-    def read_raw(self, fp: str) -> bytes | None:
-        return self.opened.read_raw(fp)
+            ) from None
 
     def close(self) -> None:
         if self._store is not None:

@@ -13,20 +13,22 @@ applied, it is logged and the remote is read instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
 from plancache.plan import Plan
 from plancache.signing import Keyring
-from plancache.store import PlanStore, PutOutcome
+from plancache.store import ForwardingStore, PlanStore, Put
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
 
 
-class TieredStore(PlanStore):
-    """``remote`` behind an optional ``local`` tier; ``read_only`` never writes ``remote``."""
+class TieredStore(ForwardingStore):
+    """``remote`` behind an optional ``local`` tier; ``read_only`` never writes ``remote``.
+    Both tiers are reached through their public methods (``ForwardingStore``: the remote is
+    ``inner``; listing and raw reads are the remote's)."""
 
     def __init__(
         self, remote: PlanStore, *, local: PlanStore | None = None, read_only: bool = False
@@ -36,50 +38,22 @@ class TieredStore(PlanStore):
         self.read_only = read_only
 
     @property
-    def atomic(self) -> bool:  # type: ignore[override]
-        return self.remote.atomic and (self.local is None or self.local.atomic)
+    def inner(self) -> PlanStore:
+        return self.remote
 
     @property
-    def url(self) -> str:
-        return self.remote.url
+    def atomic(self) -> bool:  # type: ignore[override]
+        return self.remote.atomic and (self.local is None or self.local.atomic)
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring`` in both tiers."""
         super().use_keyring(keyring)
-        self.remote.use_keyring(keyring)
         if self.local is not None:
             self.local.use_keyring(keyring)
 
     def __repr__(self) -> str:
         mode = ", read_only=True" if self.read_only else ""
         return f"TieredStore({self.remote!r}, local={self.local!r}{mode})"
-
-    # Primitives act on the remote; the public methods below add the tier.
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
-        return self.remote._read(fp)
-
-    def _create(self, fp: str, data: bytes) -> bool:
-        self._check_writable()
-        return self.remote._create(fp, data)
-
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        self._check_writable()
-        return self.remote._replace(fp, data, version)
-
-    def _delete_if(self, fp: str, version: object) -> bool:
-        self._check_writable()
-        return self.remote._delete_if(fp, version)
-
-    def _delete(self, fp: str) -> bool:
-        self._check_writable()
-        return self.remote._delete(fp)
-
-    def _list(self) -> Iterator[str]:
-        return self.remote._list()
-
-    def _check_writable(self) -> None:
-        if self.read_only:
-            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only")
 
     def get(self, fp: str) -> Plan | None:
         """The local tier's plan, else the remote's (copied into the local tier)."""
@@ -98,7 +72,7 @@ class TieredStore(PlanStore):
             return self._put_local(plan) or plan
         return plan
 
-    def put_merged(self, plan: Plan) -> tuple[PutOutcome, Plan | None]:
+    def put_merged(self, plan: Plan) -> Put:
         """The remote's outcome and record (merge semantics); the local tier then merges the
         record the remote now holds. If the remote fails, the local tier still gets ``plan``
         (this node need not profile again) and the error is raised. Read-only: the local

@@ -43,7 +43,7 @@ def test_server_helpers_serve_child_processes_without_aws_environment() -> None:
                 timeout=60,
                 check=True,
             )
-            assert out.stdout.strip() == "PutOutcome.CREATED"
+            assert out.stdout.strip() == "created"
             assert open_store(url + "/x", **options).put(make_plan()) is PutOutcome.KEPT
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from plancache import background
 from plancache.artifacts.archive import TEMP_PREFIX, installed_manifest
 from plancache.artifacts.manifest import Manifest, check_key, check_rank
 from plancache.artifacts.share import (
@@ -55,6 +56,7 @@ from plancache.artifacts.share import (
     artifact_id,
     as_observation,
 )
+from plancache.background import Job
 from plancache.breaker import Breaker, Mark
 from plancache.integrations.vllm.apply import safely
 from plancache.observation import Observation
@@ -72,7 +74,7 @@ uploads = Uploads()
 _lock = threading.Lock()
 _settings: CompileSettings | None = None
 _store: ArtifactStore | None = None
-_opening: threading.Thread | None = None
+_opening: Job[None] | None = None
 
 
 def wanted() -> bool:
@@ -110,8 +112,7 @@ def _start_opening() -> None:
     global _opening
     with _lock:
         if _opening is None:
-            _opening = threading.Thread(target=_open, name="plancache-compile-open", daemon=True)
-            _opening.start()
+            _opening = background.start(_open, "plancache-compile-open")
             atexit.register(_at_exit)
 
 
@@ -208,7 +209,7 @@ def _before_load(model: Any, path: str) -> _Load | None:
     where = None
     if isinstance(prefetch, _Prefetch):  # started when the model was built: overlapped loading
         where = prefetch.join()
-        if prefetch.thread.is_alive():
+        if not prefetch.job.done():
             return attempt  # the fetch bound is spent: vLLM compiles
     if isinstance(prefetch, _Prefetch) and where == (attempt.root, attempt.rank):
         fetched = prefetch.fetched
@@ -267,10 +268,7 @@ class _Prefetch:
         self.model = model
         self.where: tuple[Path, str] | None = None
         self.fetched: Fetched | None = None
-        self.thread = threading.Thread(
-            target=self._run, name="plancache-compile-fetch", daemon=True
-        )
-        self.thread.start()
+        self.job = background.start(self._run, "plancache-compile-fetch")
 
     def _run(self) -> None:
         self.where = safely(_aot_path, self.model)
@@ -282,8 +280,7 @@ class _Prefetch:
     def join(self) -> tuple[Path, str] | None:
         """Wait for the prefetch (at most the fetch bound, which its own fetch also obeys);
         where it fetched for, or None if it computed no path or is still running."""
-        self.thread.join(settings().fetch_timeout)
-        return None if self.thread.is_alive() else self.where
+        return self.where if self.job.join(settings().fetch_timeout) else None
 
 
 def _aot_path(model: Any) -> tuple[Path, str] | None:

@@ -1,0 +1,125 @@
+"""Stores that wrap another (``ForwardingStore``): a lazily opened store is the store it
+opened, overrides included; a tier and a write guard reach what they wrap through its public
+methods. Real stores only: local directories, moto behind a lying proxy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from plancache import PlanCache, PlanStore, PutOutcome, open_store
+from plancache.backends._remote import PROBE_PREFIX, ObjectStore
+from plancache.backends.guarded import GuardedStore, StoreIgnoresPreconditionsError, VerdictCache
+from plancache.backends.lazy import LazyStore
+from plancache.backends.local import LocalStore
+from plancache.backends.tiered import TieredStore
+from plancache.errors import PlanStoreError, PlanStoreUnavailableError
+from plancache.store import ForwardingStore
+from plancache.testing import GiB, make_plan
+from plancache.testing.hostile import LyingProxy
+from plancache.testing.servers import MotoS3
+
+GOOD = make_plan(kv=10 * GiB, baseline=70 * GiB)
+BAD = make_plan(kv=20 * GiB, baseline=75 * GiB)  # no point dominates the other
+FP = GOOD.fingerprint
+WRITES = {"PUT", "POST", "DELETE", "PATCH"}
+
+
+def tiers(tmp_path: Path, *, read_only: bool = False) -> tuple[LocalStore, LocalStore, TieredStore]:
+    remote, local = LocalStore(tmp_path / "remote"), LocalStore(tmp_path / "tier")
+    return remote, local, TieredStore(remote, local=local, read_only=read_only)
+
+
+def test_a_lazy_store_retracts_through_the_opened_stores_tiers(tmp_path: Path) -> None:
+    """The crash-loop breaker's retraction through a lazily opened tiered store reaches the
+    local tier too: a node's own lookups read it first."""
+    remote, local, tiered = tiers(tmp_path)
+    lazy = LazyStore("tiered", lambda: tiered)
+    assert [lazy.put(GOOD), lazy.put(BAD)] == [PutOutcome.CREATED, PutOutcome.REPLACED]
+    done = lazy.retract(FP, BAD.observations[0])
+    assert done.removed and done.record is not None
+    for store in (remote, local):
+        held = store.get(FP)
+        assert held is not None and held.observations == GOOD.observations, store
+
+
+def test_a_lazy_store_writes_a_read_only_tiered_stores_local_tier(tmp_path: Path) -> None:
+    remote, local, tiered = tiers(tmp_path, read_only=True)
+    lazy = LazyStore("tiered", lambda: tiered)
+    assert lazy.put_merged(GOOD) == (PutOutcome.CREATED, GOOD)
+    assert lazy.rewrite(FP, lambda p: p) == GOOD
+    assert local.get(FP) == GOOD and remote.get(FP) is None
+
+
+def test_a_cache_opened_by_a_factory_retracts_from_both_tiers(tmp_path: Path) -> None:
+    remote, local, tiered = tiers(tmp_path)
+    cache = PlanCache(lambda: tiered, timeout=10.0)
+    assert cache.store is tiered  # opened through a LazyStore
+    for plan in (GOOD, BAD):
+        cache.store.put(plan)
+    assert cache.retract(FP, BAD.observations[0])
+    assert local.get(FP) == remote.get(FP)
+    held = local.get(FP)
+    assert held is not None and held.observations == GOOD.observations
+
+
+def test_a_lazy_store_waits_a_bound_then_opens_later_and_retries_failures(
+    tmp_path: Path,
+) -> None:
+    release = threading.Event()
+    failures = [PlanStoreError("no bucket yet")]
+
+    def opener() -> PlanStore:
+        if failures:
+            raise failures.pop()
+        release.wait(10)
+        return LocalStore(tmp_path)
+
+    lazy = LazyStore("file:///slow", opener, open_timeout=0.2)
+    assert lazy.url == "file:///slow" and repr(lazy) == "LazyStore('file:///slow')"
+    with pytest.raises(PlanStoreError, match="no bucket yet"):
+        lazy.get(FP)
+    with pytest.raises(PlanStoreUnavailableError, match=r"did not open within 0\.2 s"):
+        lazy.get(FP)  # the next use tries again, and waits at most its bound
+    release.set()
+    assert lazy.start().join(5)
+    assert lazy.put(GOOD) is PutOutcome.CREATED and lazy.url == str(tmp_path)
+
+
+def test_forwarding_stores_have_no_primitives(tmp_path: Path) -> None:
+    _, _, tiered = tiers(tmp_path)
+    for store in (tiered, LazyStore("x", lambda: tiered)):
+        assert isinstance(store, ForwardingStore)
+        with pytest.raises(TypeError, match="no primitives"):
+            store._read(FP)
+
+
+def test_a_lazily_opened_guard_refuses_every_write_to_a_lying_store(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Behind a proxy that strips write preconditions: the probe finds the store lying, and
+    nothing more is written through the guard, not even a put the record already covers."""
+    url = f"s3://{s3_bucket}/plans"
+    open_store(url, endpoint_url=moto_s3.endpoint).put(GOOD)
+    with LyingProxy(moto_s3.endpoint) as proxy:
+
+        def opener() -> PlanStore:
+            store = open_store(url, endpoint_url=proxy.endpoint)
+            assert isinstance(store, ObjectStore)
+            return GuardedStore(store, VerdictCache(tmp_path))
+
+        lazy = LazyStore(url, opener, open_timeout=30.0)
+        assert lazy.get(FP) == GOOD
+        for write in (
+            lambda: lazy.put(GOOD),
+            lambda: lazy.put_merged(BAD),
+            lambda: lazy.retract(FP, GOOD.observations[0]),
+            lambda: lazy.delete_if(FP, bool),
+            lambda: lazy.delete(FP),
+        ):
+            with pytest.raises(StoreIgnoresPreconditionsError):
+                write()
+        written = [r for r in proxy.requests if r[0] in WRITES and PROBE_PREFIX not in r[1]]
+        assert written == [] and lazy.get(FP) == GOOD  # the probe wrote under its prefix only
