@@ -34,7 +34,7 @@ from plancache.observation import Observation
 from plancache.plan import Plan
 from plancache.reasons import RECORD_FAILURES, PutOutcome, Reason
 from plancache.redaction import scrub
-from plancache.store import PlanStore
+from plancache.store import ForwardingStore, PlanStore
 from plancache.units import gib_text as _gib
 
 if TYPE_CHECKING:
@@ -140,11 +140,13 @@ class PlanCache:
         return self._store if self._lazy is None else self._lazy.opened
 
     def warm(self) -> None:
-        """Start opening the store (calling the factory, if one was given) on a daemon
-        thread and return at once, so that a later lookup's budget goes to the request alone.
-        Never raises; a failure to open shows up in the next lookup's reason."""
-        if self._lazy is not None:
-            self._lazy.start()
+        """Start opening the store (calling the factory, if one was given) and the stores
+        beneath it that open on first use (a tier's remote store: its client library, its
+        credentials) on daemon threads, and return at once, so that a later lookup's budget
+        goes to the request alone. Never raises; a failure to open shows up in the next
+        lookup's reason."""
+        if isinstance(self._store, ForwardingStore):
+            self._store.warm()
 
     def lookup(
         self,

@@ -414,6 +414,13 @@ class ForwardingStore(PlanStore):
         super().use_keyring(keyring)
         self.inner.use_keyring(keyring)
 
+    def warm(self) -> None:
+        """Start opening, on daemon threads, the stores beneath this one that open on first
+        use (``LazyStore``: a tier's remote store, say); returns at once."""
+        inner = self.inner
+        if isinstance(inner, ForwardingStore):
+            inner.warm()
+
     def get(self, fp: str) -> Plan | None:
         return self.inner.get(fp)
 

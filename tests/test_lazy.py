@@ -123,3 +123,20 @@ def test_a_lazily_opened_guard_refuses_every_write_to_a_lying_store(
                 write()
         written = [r for r in proxy.requests if r[0] in WRITES and PROBE_PREFIX not in r[1]]
         assert written == [] and lazy.get(FP) == GOOD  # the probe wrote under its prefix only
+
+
+def test_warming_a_cache_opens_the_remote_store_behind_its_tier(tmp_path: Path) -> None:
+    """``PlanCache.warm`` opens what the first lookup would otherwise open: the tiered
+    store and the remote store behind it, with no lookup made."""
+    opened = threading.Event()
+
+    def remote() -> PlanStore:
+        opened.set()
+        return LocalStore(tmp_path / "remote")
+
+    def tiered() -> PlanStore:
+        return TieredStore(LazyStore("remote", remote), local=LocalStore(tmp_path / "tier"))
+
+    cache = PlanCache(tiered, timeout=10.0)
+    cache.warm()
+    assert opened.wait(10)

@@ -12,6 +12,7 @@ waiting for the remote at all.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -89,6 +90,19 @@ class LazyStore(ForwardingStore):
             if job is None or (job.done() and self._store is None):
                 job = self._opening = background.start(self._open, "plancache-open")
             return job
+
+    def warm(self) -> None:
+        """Start opening this store (``start``), then, once it is open within
+        ``open_timeout``, the stores beneath it that open on first use; returns at once."""
+        opening = self.start()
+
+        def beneath() -> None:
+            with contextlib.suppress(Exception):  # a failure shows at the next use
+                store = opening.wait(self.open_timeout)
+                if isinstance(store, ForwardingStore):
+                    store.warm()
+
+        background.start(beneath, "plancache-warm")
 
     @property
     def opened(self) -> PlanStore:
