@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plancache import PlanCache, PlanStore, PutOutcome, open_store
+from plancache import PlanCache, PlanStore, PutOutcome, background, open_store
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.config import Settings
@@ -261,3 +262,23 @@ def test_after_a_fork_the_local_tier_is_still_written(
     )
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert f"local-kv: {2 << 30}" in out.stdout, out.stdout
+
+
+def test_the_local_tier_has_the_plan_before_a_slow_remote_answers(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """A node keeps what it measured at once, however long the remote write takes (a
+    record bounded by its budget goes on in the background; the next boot may come first)."""
+    tier = LocalStore(tmp_path / "tier")
+    plan = make_plan()
+    with CountingProxy(moto_s3.endpoint, delay_s=2.0) as slow:
+        remote = open_store(f"s3://{s3_bucket}/p", endpoint_url=slow.endpoint, read_timeout=10)
+        store = TieredStore(remote, local=tier)
+        writing = background.start(lambda: store.put(plan))
+        deadline = time.monotonic() + 1.5
+        while tier.get(plan.fingerprint) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert tier.get(plan.fingerprint) == plan
+        assert not writing.done()  # the remote has not answered yet
+        assert writing.wait(30) is PutOutcome.CREATED
+    assert remote.get(plan.fingerprint) == plan

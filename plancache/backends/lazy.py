@@ -12,7 +12,6 @@ waiting for the remote at all.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -48,6 +47,7 @@ class LazyStore(ForwardingStore):
         self._opening: Job[PlanStore] | None = None
         self._store: PlanStore | None = None
         self._keyring: Keyring | None = None
+        self._warm_beneath = False
 
     @property
     def inner(self) -> PlanStore:
@@ -80,6 +80,9 @@ class LazyStore(ForwardingStore):
             if self._keyring is not None:
                 store.use_keyring(self._keyring)
             self._store = store
+            warm = self._warm_beneath
+        if warm and isinstance(store, ForwardingStore):
+            store.warm()
         return store
 
     def start(self) -> Job[PlanStore]:
@@ -92,17 +95,15 @@ class LazyStore(ForwardingStore):
             return job
 
     def warm(self) -> None:
-        """Start opening this store (``start``), then, once it is open within
-        ``open_timeout``, the stores beneath it that open on first use; returns at once."""
-        opening = self.start()
-
-        def beneath() -> None:
-            with contextlib.suppress(Exception):  # a failure shows at the next use
-                store = opening.wait(self.open_timeout)
-                if isinstance(store, ForwardingStore):
-                    store.warm()
-
-        background.start(beneath, "plancache-warm")
+        """Start opening this store (``start``) and then, on the same thread, the stores
+        beneath it that open on first use; returns at once."""
+        with self._lock:
+            self._warm_beneath = True
+            store = self._store
+        if store is None:
+            self.start()
+        elif isinstance(store, ForwardingStore):
+            store.warm()
 
     @property
     def opened(self) -> PlanStore:

@@ -73,27 +73,33 @@ class TieredStore(ForwardingStore):
         return plan
 
     def put_merged(self, plan: Plan) -> Put:
-        """The remote's outcome and record (merge semantics); the local tier then merges the
-        record the remote now holds. If the remote fails, the local tier still gets ``plan``
-        (this node need not profile again) and the error is raised. Read-only: the local
-        tier's; without a local tier, ``PlanStoreReadOnlyError``."""
+        """The remote's outcome and record (merge semantics). The local tier merges ``plan``
+        first, so this node keeps what it measured however long the remote takes (a record
+        bounded by its budget goes on in the background), then the record the remote now
+        holds. If the remote fails, its error is raised. Read-only, or where the remote
+        refuses writes: the local tier's outcome; without a local tier,
+        ``PlanStoreReadOnlyError``."""
+        if self.read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only and has no local tier")
+        if self.local is None:
+            return self.remote.put_merged(plan)
+        try:
+            local: Put | None = self.local.put_merged(plan)
+        except PlanStoreError as exc:
+            if self.read_only:
+                raise
+            log.warning("plancache: local tier %s not updated: %s", self.local.url, exc)
+            local = None
         if self.read_only:
-            if self.local is None:
-                raise PlanStoreReadOnlyError(
-                    f"{self.url} is opened read-only and has no local tier"
-                )
-            return self.local.put_merged(plan)
+            assert local is not None
+            return local
         try:
             outcome, stored = self.remote.put_merged(plan)
         except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
-            if self.local is None:
+            if local is None:
                 raise
-            return self.local.put_merged(plan)
-        except PlanStoreError:
-            if self.local is not None:
-                self._put_local(plan)
-            raise
-        if self.local is not None and stored is not None:
+            return local
+        if stored is not None and (local is None or stored != local[1]):
             self._put_local(stored)
         return outcome, stored
 
