@@ -74,7 +74,7 @@ def test_remote_hit_backfills_and_local_hit_costs_nothing(
     assert s3_proxy.requests == []
 
 
-def test_write_goes_to_remote_then_local(
+def test_a_write_reaches_both_tiers(
     remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
 ) -> None:
     tier = LocalStore(tmp_path / "tier")

@@ -2,10 +2,11 @@
 
 Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
 caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
-local tier. Writes: remote first (skipped in read-only mode, and where the remote refuses
-writes with ``PlanStoreReadOnlyError``, e.g. a store found to ignore preconditions), then
-local. The local tier is a cache:
-its failures are logged and never fail a read or write that the remote served. The keyring
+local tier. Writes: local first (the node keeps what it measured, however slow the remote),
+then remote (skipped in read-only mode, and where the remote refuses writes with
+``PlanStoreReadOnlyError``, e.g. a store found to ignore preconditions), whose merged record
+the local tier then takes. The local tier is a cache: its failures are logged and never fail
+a read or write that the remote served. The keyring
 (``use_keyring``) applies to both tiers: a local record without a valid signature is not
 applied, it is logged and the remote is read instead.
 """
