@@ -33,8 +33,10 @@ def test_server_helpers_serve_child_processes_without_aws_environment() -> None:
     code = "import json,sys; from plancache import open_store; "
     code += "from plancache.testing import make_plan\n"
     code += "url, opts = json.loads(sys.argv[1]); print(open_store(url, **opts).put(make_plan()))"
+    loose = {"connect_timeout": 5.0, "read_timeout": 5.0, "timeout": 15.0}  # beside 3 workers
     for server in (s3_server, gcs_server):
-        with server() as (url, options):
+        with server() as (url, served):
+            options = {**served, **loose}
             out = subprocess.run(
                 [sys.executable, "-c", code, json.dumps([url + "/x", options])],
                 env=env,
