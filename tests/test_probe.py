@@ -234,7 +234,7 @@ def test_trusting_writes_through_a_lying_store_with_a_warning(
 ) -> None:
     url, up, options = server
     with LyingProxy(up) as proxy, caplog.at_level(logging.WARNING, "plancache"):
-        cache = _cache(url, proxy.endpoint, options, tmp_path, trust_preconditions=True)
+        cache = _cache(url, proxy.endpoint, options, tmp_path, trust_preconditions=True, timeout=10)
         assert _record(cache).outcome is not None
         assert not any(PROBE_PREFIX in p for _, p in proxy.requests)  # no probe
         assert len(list(_bare(server).iter_fingerprints())) == 1

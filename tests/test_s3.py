@@ -89,14 +89,14 @@ def test_timeouts_are_storage_options(moto_s3: MotoS3, s3_bucket: str) -> None:
     store = open_store(
         f"s3://{s3_bucket}",
         endpoint_url=moto_s3.endpoint,
-        connect_timeout=0.2,
-        read_timeout=0.3,
+        connect_timeout=7.0,
+        read_timeout=9.0,
         retries=0,
-        timeout=1.0,
+        timeout=20.0,
     )
     assert isinstance(store, S3Store)
-    assert (store.timeouts.connect, store.timeouts.read, store.timeouts.retries) == (0.2, 0.3, 0)
-    assert store.timeouts.total == 1.0
+    assert (store.timeouts.connect, store.timeouts.read, store.timeouts.retries) == (7.0, 9.0, 0)
+    assert store.timeouts.total == 20.0
     assert store.get(make_plan().fingerprint) is None
     with pytest.raises(ValueError):
         open_store(f"s3://{s3_bucket}", timeout=0)
