@@ -47,15 +47,16 @@ def check_scalar(what: str, value: object) -> None:
 def check_factors(factors: object, *, decoded: bool = False) -> dict[str, Scalar]:
     """``factors`` as a dict if they can be encoded canonically, else ``InvalidPlanError``.
 
-    ``decoded``: ``factors`` is what ``orjson.loads`` returned, whose keys are ``str``, ints
-    64-bit and floats finite; only values that are containers remain to be refused."""
+    ``decoded``: ``factors`` is a dict ``orjson.loads`` returned, whose keys are ``str``, ints
+    64-bit and floats finite; only values that are containers remain to be refused, and the
+    dict is returned as it is (no one else holds it)."""
     if type(factors) is not dict and not isinstance(factors, Mapping):
         raise InvalidPlanError(f"factors must be an object, not {type(factors).__name__}")
     if not factors:
         raise InvalidPlanError("factors must not be empty")
+    if decoded and type(factors) is dict and _CONTAINERS.isdisjoint(map(type, factors.values())):
+        return factors
     out = dict(factors)
-    if decoded and _CONTAINERS.isdisjoint(map(type, out.values())):
-        return out
     for key, value in out.items():
         if type(key) is not str:
             raise InvalidPlanError(f"factor names must be strings, got {key!r}")

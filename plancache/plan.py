@@ -46,6 +46,7 @@ from plancache.observation import (
     OBSERVATION_FIELDS,
     Observation,
     Tombstone,
+    build,
     is_hex,
 )
 
@@ -141,7 +142,8 @@ class Plan:
     signature: Signature | None = field(default=None, compare=False)
     decoded: InitVar[bool] = False
     """Set by ``decode`` only: ``factors`` is what ``orjson.loads`` returned (checked alike,
-    with fewer steps: see ``check_factors``)."""
+    with fewer steps: see ``check_factors``), and the tuples of parts and the signature are
+    ones ``decode`` built (their types need no check)."""
 
     def __post_init__(self, decoded: bool) -> None:
         if type(self.schema) is not int or self.schema not in (LEGACY_SCHEMA, SCHEMA):
@@ -149,18 +151,18 @@ class Plan:
         factors, key = checked_fingerprint(self.factors, decoded=decoded is True)
         if not isinstance(self.fingerprint, str) or self.fingerprint != key:
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
-        obs = self.observations
-        if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
-            raise InvalidPlanError("observations must be a tuple of Observation")
-        tombs = self.retracted
-        if not isinstance(tombs, tuple) or not all(isinstance(t, Tombstone) for t in tombs):
-            raise InvalidPlanError("retracted must be a tuple of Tombstone")
+        obs, tombs = self.observations, self.retracted
+        if decoded is not True:  # decode builds its tuples of parts itself
+            if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
+                raise InvalidPlanError("observations must be a tuple of Observation")
+            if not isinstance(tombs, tuple) or not all(isinstance(t, Tombstone) for t in tombs):
+                raise InvalidPlanError("retracted must be a tuple of Tombstone")
+            if self.signature is not None and not isinstance(self.signature, Signature):
+                raise InvalidPlanError("signature must be a Signature or None")
         if len(obs) > MAX_OBSERVATIONS or not (obs or tombs):
             raise InvalidPlanError(
                 f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with tombstones)"
             )
-        if self.signature is not None and not isinstance(self.signature, Signature):
-            raise InvalidPlanError("signature must be a Signature or None")
         if tombs:
             if len(tombs) > MAX_TOMBSTONES:
                 raise InvalidPlanError(f"a record holds at most {MAX_TOMBSTONES} tombstones")
@@ -302,12 +304,14 @@ class Plan:
         A record without observations whose every tombstone is dated too far ahead of
         ``now`` to be believed (``Tombstone.believable``) holds nothing: invalid.
         """
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
+        if type(data) is not bytes:
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise InvalidPlanError(f"record must be bytes, not {type(data).__name__}")
+            data = bytes(data)
         if len(data) > MAX_RECORD_BYTES:
             raise InvalidPlanError(f"record is over {MAX_RECORD_BYTES} bytes")
-        obj = _loads(bytes(data))
-        if not isinstance(obj, dict):
+        obj = _loads(data)
+        if type(obj) is not dict:
             raise InvalidPlanError("record must be a JSON object")
         schema = obj.get("schema")
         if type(schema) is not int:
@@ -316,36 +320,38 @@ class Plan:
             raise UnsupportedSchemaError(
                 f"record has schema {schema}; this plancache reads {LEGACY_SCHEMA} and {SCHEMA}"
             )
-        fields = _LEGACY_FIELDS if schema == LEGACY_SCHEMA else _FIELDS
-        missing = [k for k in fields if k not in obj]
-        if missing:
-            raise InvalidPlanError(f"record lacks {', '.join(missing)}")
+        required = _LEGACY_FIELDS if schema == LEGACY_SCHEMA else _FIELDS
+        if not obj.keys() >= required:
+            raise InvalidPlanError(f"record lacks {', '.join(sorted(required - obj.keys()))}")
         if expected_fingerprint is not None and obj["fingerprint"] != expected_fingerprint:
             raise InvalidPlanError("record's fingerprint does not match the key it is stored under")
         observations: tuple[Observation, ...]
+        tombs: tuple[Tombstone, ...] = ()
+        signature = None
         if schema == LEGACY_SCHEMA:
             observations = (Observation.from_dict(obj),)
-        elif isinstance(obj["observations"], list):
-            observations = tuple(Observation.from_dict(o) for o in obj["observations"])
         else:
-            raise InvalidPlanError("observations must be a JSON array")
-        tombs = obj.get("retracted", []) if schema == SCHEMA else []
-        if not isinstance(tombs, list):
-            raise InvalidPlanError("retracted must be a JSON array")
-        signature = None
-        if schema == SCHEMA and "signature" in obj:
-            signature = Signature.from_dict(obj["signature"])
-        plan = cls(
-            obj["fingerprint"],
-            obj["factors"],
-            observations,
-            obj.get("labels", {}),
-            schema,
-            tuple(Tombstone.from_dict(t) for t in tombs),
-            signature,
-            decoded=type(obj["factors"]) is dict,
-        )
-        if not (plan.observations or any(t.believable(now) for t in plan.retracted)):
+            if type(obj["observations"]) is not list:
+                raise InvalidPlanError("observations must be a JSON array")
+            observations = tuple(map(Observation.from_dict, obj["observations"]))
+            if "retracted" in obj:
+                if type(obj["retracted"]) is not list:
+                    raise InvalidPlanError("retracted must be a JSON array")
+                tombs = tuple(map(Tombstone.from_dict, obj["retracted"]))
+            if "signature" in obj:
+                signature = Signature.from_dict(obj["signature"])
+        factors = obj["factors"]
+        fields = {
+            "fingerprint": obj["fingerprint"],
+            "factors": factors,
+            "observations": observations,
+            "labels": obj.get("labels", {}),
+            "schema": schema,
+            "retracted": tombs,
+            "signature": signature,
+        }
+        plan = build(cls, fields, type(factors) is dict)
+        if not (observations or any(t.believable(now) for t in tombs)):
             raise InvalidPlanError(
                 "record holds no observation and only tombstones dated more than "
                 f"{MAX_CLOCK_SKEW_S:g} s ahead"
@@ -353,8 +359,8 @@ class Plan:
         return plan
 
 
-_FIELDS = ("schema", "fingerprint", "factors", "observations")
-_LEGACY_FIELDS = ("schema", "fingerprint", "factors", *OBSERVATION_FIELDS)
+_FIELDS = frozenset(("schema", "fingerprint", "factors", "observations"))
+_LEGACY_FIELDS = frozenset(("schema", "fingerprint", "factors", *OBSERVATION_FIELDS))
 
 
 def _key_count(value: dict[str, Any] | list[Any]) -> int:

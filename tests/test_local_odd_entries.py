@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from plancache.backends.local import LOCK_NAME, LocalStore
+from plancache.backends.local import LOCK_NAME, LocalStore, _read_at_most
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavailableError
 from plancache.fingerprint import object_name
-from plancache.store import PutOutcome
+from plancache.store import READ_LIMIT, PutOutcome
 from plancache.testing import GiB, make_plan
 from tests.helpers import ODD_ENTRIES, plant_odd_entry, within
 
@@ -166,3 +166,21 @@ def test_a_lock_file_replaced_while_waited_for_is_not_trusted(tmp_path: Path) ->
         assert store.get(PLAN.fingerprint) == PLAN
     finally:
         _release(second)
+
+
+def test_a_read_takes_the_size_fstat_gave_and_reads_a_shrunk_file_to_its_end(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    with open(path, "rb") as f:
+        assert _read_at_most(f.fileno(), 40) == b"x" * 40  # it grew after fstat: read as is
+    with open(path, "rb") as f:
+        assert _read_at_most(f.fileno(), 500) == b"x" * 100  # it shrank: read to its end
+    with open(path, "rb") as f:
+        assert _read_at_most(f.fileno(), 0) == b"x" * 100  # a size of 0 says nothing
+    path.write_bytes(b"y" * (3 * READ_LIMIT))
+    with open(path, "rb") as f:
+        assert len(_read_at_most(f.fileno(), 3 * READ_LIMIT)) == READ_LIMIT
+    with open(path, "rb") as f:
+        assert len(_read_at_most(f.fileno(), 10)) == 10

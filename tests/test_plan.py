@@ -4,6 +4,7 @@ encoding: test_fingerprint.py)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -15,8 +16,9 @@ from hypothesis import strategies as st
 
 from plancache import InvalidPlanError, Plan, fingerprint
 from plancache.fingerprint import canonical
-from plancache.observation import Observation
+from plancache.observation import Observation, Tombstone
 from plancache.plan import MAX_RECORD_BYTES
+from plancache.signing import Keyring
 from plancache.testing import GiB, make_plan
 
 
@@ -25,6 +27,27 @@ def test_round_trip_and_unknown_fields_ignored() -> None:
     assert Plan.decode(plan.encode()) == plan
     extended = orjson.loads(plan.encode()) | {"future_field": [1, 2, 3]}
     assert Plan.decode(orjson.dumps(extended)) == plan
+
+
+def test_decode_builds_what_the_constructors_build() -> None:
+    """decode sets every field at once (``observation.build``), not through ``__init__``: the
+    result holds every field, equals and hashes like the constructed record, and is frozen."""
+    plain = make_plan(kv=2 * GiB, baseline=4 * GiB)
+    gone = make_plan(kv=3 * GiB, baseline=5 * GiB).observations[0]
+    with_tomb = Plan(
+        plain.fingerprint, plain.factors, plain.observations, retracted=(Tombstone.of(gone, 1.0e9),)
+    )
+    signed = Keyring(signing_key="k" * 32).sign(with_tomb)
+    for plan in (plain, with_tomb, signed):
+        decoded = Plan.decode(plan.encode())
+        assert set(vars(decoded)) == {f.name for f in dataclasses.fields(Plan)}
+        assert decoded == plan and decoded.signature == plan.signature
+        obs = decoded.observations[0]
+        assert set(vars(obs)) == {f.name for f in dataclasses.fields(Observation)}
+        assert hash(obs) == hash(plan.observations[0])
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            decoded.schema = 1  # type: ignore[misc]
+        assert type(decoded.factors).__name__ == "mappingproxy"
 
 
 _OBSERVATION_FIELDS = {"kv_cache_memory_bytes", "free_memory_baseline", "created_at", "producer"}

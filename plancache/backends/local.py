@@ -44,7 +44,7 @@ from plancache.errors import (
     PlanStoreUnavailableError,
 )
 from plancache.fingerprint import OBJECT_PREFIX, fingerprint_of_name, object_name
-from plancache.store import READ_LIMIT, PlanStore, content_version
+from plancache.store import READ_LIMIT, PlanStore
 
 TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".startup_plan.lock"
@@ -96,6 +96,22 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def _read_at_most(fd: int, size: int) -> bytes:
+    """At most ``READ_LIMIT`` bytes of ``fd``: in one read where the file still has the
+    ``size`` its ``fstat`` gave (a file that grew meanwhile reads as is), else to its end."""
+    data = os.read(fd, size if 0 < size < READ_LIMIT else READ_LIMIT)
+    if len(data) == size or not data:
+        return data
+    chunks, got = [data], len(data)
+    while got < READ_LIMIT:
+        chunk = os.read(fd, READ_LIMIT - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
     message = f"{path}: cannot {action}: {exc.strerror or exc}"
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -123,6 +139,7 @@ class LocalStore(PlanStore):
         path = default_dir() if root is None else Path(root)
         self.root = Path(os.path.abspath(os.path.expanduser(path)))
         self._root = str(self.root)
+        self._dir = self._root.rstrip("/") + "/"  # where plan files are named (root "/" too)
 
     @property
     def url(self) -> str:
@@ -134,7 +151,7 @@ class LocalStore(PlanStore):
     # -- primitives -----------------------------------------------------------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         """Raises ``InvalidPlanError`` for an entry that is not a regular file."""
-        path = os.path.join(self._root, object_name(fp))
+        path = self._dir + object_name(fp)
         try:
             fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
         except FileNotFoundError:
@@ -150,22 +167,12 @@ class LocalStore(PlanStore):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a plan file")
-            chunks: list[bytes] = []
-            size = 0
-            while size < READ_LIMIT:
-                chunk = os.read(fd, READ_LIMIT - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size == st.st_size:  # all of it (a file that grew meanwhile reads as is)
-                    break
+            data = _read_at_most(fd, st.st_size)
         except OSError as exc:
             raise _store_error(Path(path), "read", exc) from exc
         finally:
             os.close(fd)
-        data = b"".join(chunks)
-        return data, content_version(data)
+        return data, data  # the bytes are their own version token: no hash on every read
 
     def _write_temp(self, fp: str, data: bytes) -> Path:
         """A fsynced temp file in the store directory holding ``data``; caller removes it."""
