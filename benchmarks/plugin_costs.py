@@ -5,8 +5,8 @@ weight loading and the save into a daemon thread.
   full latency on the critical path) and the save ran after warm-up (``PlanCache.record``);
 - after: the store is opened in the background first (``PlanCache.warm``, as the plugin does
   when vLLM imports its worker module), the lookup starts when ``load_model`` is entered
-  (``Breaker.recover`` on a local directory, then ``PlanCache.start_lookup``), the weights
-  load (simulated by a sleep), then ``determine_available_memory`` only joins it
+  (``PlanCache.start_lookup``, whose thread runs ``Breaker.recover`` on a local directory
+  before the fetch), the weights load (simulated by a sleep), then ``determine_available_memory`` only joins it
   (``PendingLookup.result``) and, on a hit, writes the crash mark (``Breaker.arm``: a
   locked file, fsynced in the background); the save only hands a job to a background thread
   (``plancache.background``). ``disarm``: removing the mark after the warm-up, on a hit.
@@ -48,8 +48,8 @@ def _after(
     cache.warm()
     time.sleep(0.01)  # vLLM initialises the device between importing the worker and loading
     start = time.perf_counter()
-    avoid = breaker.recover(cache, fingerprint(factors))
-    pending = cache.start_lookup(factors, FREE, avoid=avoid)
+    key = fingerprint(factors)
+    pending = cache.start_lookup(factors, FREE, avoid=lambda: breaker.recover(cache, key))
     started = (time.perf_counter() - start) * 1e3
     time.sleep(load_s)  # the weights load
     start = time.perf_counter()

@@ -171,14 +171,17 @@ class PlanCache:
         factors: Mapping[str, Scalar],
         current_free_memory: int,
         *,
-        avoid: Collection[str] = (),
+        avoid: Collection[str] | Callable[[], Collection[str]] = (),
         budget: Budget | None = None,
     ) -> PendingLookup:
         """Start the lookup of ``factors`` in a daemon thread and return at once; join it
         with ``PendingLookup.result(wait, budget=...)`` (a boot knows its budget only once
         the weights are loaded; a ``budget`` known now also steers a tiered store's search).
         The fetch itself is not bounded: only the join is, so a fetch may overlap other work
-        (loading weights) for free. Never raises."""
+        (loading weights) for free. ``avoid``: as for ``lookup``, or a function that returns
+        it, called first in that thread (``Breaker.recover``: its reads of the marks then
+        overlap that work too, within the join's bound; what it raises fails the lookup).
+        Never raises."""
         return PendingLookup(self, factors, current_free_memory, avoid, budget)
 
     def retract(self, fingerprint: str, observation: Observation) -> bool:
@@ -278,12 +281,14 @@ class PendingLookup:
         cache: PlanCache,
         factors: Mapping[str, Scalar],
         current_free_memory: int,
-        avoid: Collection[str] = (),
+        avoid: Collection[str] | Callable[[], Collection[str]] = (),
         budget: Budget | None = None,
     ) -> None:
         self.started = time.perf_counter()
         self.current_free_memory = current_free_memory
-        self.avoid = frozenset(avoid)
+        self.avoid: frozenset[str] = frozenset() if callable(avoid) else frozenset(avoid)
+        """Digests not to apply; where ``avoid`` is a function, what it returned (set in the
+        fetch's thread before the fetch)."""
         self._decision: Decision | None = None
         self._fetch: Job[Plan | None] | None = None
         self._invalid = ""
@@ -298,7 +303,12 @@ class PendingLookup:
         def usable(p: Plan) -> bool:
             return gate(p, current_free_memory, budget, self.avoid)[0] is not None
 
-        self._fetch = background.start(lambda: cache._store.find(key, usable), "plancache-lookup")
+        def fetch() -> Plan | None:
+            if callable(avoid):
+                self.avoid = frozenset(avoid())
+            return cache._store.find(key, usable)
+
+        self._fetch = background.start(fetch, "plancache-lookup")
 
     def done(self) -> bool:
         """True once the fetch has finished (found, missed or failed)."""

@@ -78,9 +78,10 @@ class Boot:
     labels: dict[str, Scalar] = field(default_factory=dict)
     pending: PendingLookup | None = None
     avoid: frozenset[str] = frozenset()
-    """Digests of observations a boot on this node died with (``Breaker.recover``)."""
+    """Digests of observations a boot on this node died with (``Breaker.recover``, run in the
+    lookup's thread before its fetch)."""
     retractions: list[Job[bool]] = field(default_factory=list)
-    """Background retractions of those observations, started at ``load_model``."""
+    """Background retractions of those observations, started by that recovery."""
     mark: Mark | None = None
     """The crash mark of the observation this boot applies, until the warm-up returned."""
     builtin: bool = False
@@ -89,8 +90,8 @@ class Boot:
     decision: Decision | None = None
     tally: Tally | None = None
     spent: float = 0.0
-    """Seconds of the lookup's time budget that ``begin`` spent before the fetch started
-    (the key, the crash recovery): the decision waits for the fetch at most what is left."""
+    """Seconds of the lookup's time budget that ``begin`` spent before the lookup started
+    (the key): the decision waits for the lookup (recovery and fetch) at most what is left."""
     saved: bool = False
     """True once this boot's save was taken (run, or started in the background): never again."""
     saving: Job[Recorded | None] | None = None
@@ -98,8 +99,9 @@ class Boot:
     recorded: Recorded | None = None
     costs: dict[str, float] = field(default_factory=dict)
     """Seconds the plugin added to each wrapped method (its own work, peers' waits included),
-    and, within them, to the breaker's ``breaker.recover``, ``breaker.arm`` and
-    ``breaker.disarm``. Timing only: nothing reads it to decide."""
+    and, within them, to the breaker's ``breaker.arm`` and ``breaker.disarm``; and the
+    seconds of ``breaker.recover`` in the lookup's thread. Timing only: nothing reads it to
+    decide."""
 
 
 def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
@@ -157,8 +159,8 @@ def get_breaker() -> Breaker:
 
 class _BackgroundRetract:
     """What ``Breaker.recover`` retracts through: each retraction (``PlanCache.retract``:
-    bounded, never raises) runs on a daemon thread (``background.start``), so its store I/O
-    stays off ``load_model``'s entry; the jobs are appended to ``jobs``."""
+    bounded, never raises) runs on a daemon thread of its own (``background.start``), so its
+    store I/O never holds up the lookup; the jobs are appended to ``jobs``."""
 
     def __init__(self, cache: PlanCache, jobs: list[Job[bool]]) -> None:
         self.cache = cache
@@ -215,11 +217,11 @@ def warmed_up(worker: WorkerLike) -> None:
 
 def begin(worker: WorkerLike) -> Boot:
     """Start this worker's boot once: compute the key (now: ``compute_hash()`` changes later
-    in startup), recover the crash marks of this key that dead processes left on this node
-    (their observations are avoided; their retraction runs in the background) and start the
-    store fetch in a daemon thread. Never raises for a bad worker, config or store: that
-    worker is left to vLLM's built-in functions, except where the settings cannot be used
-    (then it profiles and nothing records a plan)."""
+    in startup) and start the lookup in a daemon thread, which first recovers the crash marks
+    of this key that dead processes left on this node (their observations are avoided; their
+    retraction runs in the background), then fetches the record. Never raises for a bad
+    worker, config or store: that worker is left to vLLM's built-in functions, except where
+    the settings cannot be used (then it profiles and nothing records a plan)."""
     boot = boot_of(worker)
     if boot is not None:
         return boot
@@ -245,14 +247,20 @@ def begin(worker: WorkerLike) -> Boot:
         return boot
     boot.factors, boot.free_memory = factors, free
     boot.labels = worker_labels(worker)
-    boot.avoid = safely(_recover, boot, cache) or frozenset()
-    boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=boot.avoid)
+    boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=lambda: _avoid(boot, cache))
     boot.spent = time.perf_counter() - start
     return boot
 
 
+def _avoid(boot: Boot, cache: PlanCache) -> frozenset[str]:
+    """What the lookup avoids, in its thread: ``_recover``'s digests (none where it failed)."""
+    boot.avoid = safely(_recover, boot, cache) or frozenset()
+    return boot.avoid
+
+
 def _recover(boot: Boot, cache: PlanCache) -> frozenset[str]:
-    """``Breaker.recover`` for this boot's key (local reads; retractions in the background)."""
+    """``Breaker.recover`` for this boot's key (local reads; retractions in the background
+    again)."""
     start = time.perf_counter()
     assert boot.factors is not None
     try:
