@@ -6,10 +6,11 @@ weight loading and the save into a daemon thread.
 - after: the store is opened in the background first (``PlanCache.warm``, as the plugin does
   when vLLM imports its worker module), the lookup starts when ``load_model`` is entered
   (``PlanCache.start_lookup``, whose thread runs ``Breaker.recover`` on a local directory
-  before the fetch), the weights load (simulated by a sleep), then ``determine_available_memory`` only joins it
-  (``PendingLookup.result``) and, on a hit, writes the crash mark (``Breaker.arm``: a
-  locked file, fsynced in the background); the save only hands a job to a background thread
-  (``plancache.background``). ``disarm``: removing the mark after the warm-up, on a hit.
+  before the fetch), the weights load (simulated by a sleep), then
+  ``determine_available_memory`` only joins it (``PendingLookup.result``) and, on a hit,
+  writes the crash mark (``Breaker.arm``: a locked file, fsynced in the background); the save
+  only hands a job to a background thread (``plancache.background``). ``disarm``: removing
+  the mark after the warm-up, on a hit.
 
 On the local store, S3 (moto) and GCS (fake-gcs-server) on loopback, each with 0 and 300 ms
 added to every request by a delaying proxy. Run: ``python -m benchmarks.plugin_costs``.
@@ -24,7 +25,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from benchmarks.stats import median
-from plancache import PlanCache, background, fingerprint, open_store
+from plancache import PlanCache, background, open_store
 from plancache.breaker import Breaker
 from plancache.testing.servers import gcs_server, s3_server, with_latency
 
@@ -48,8 +49,7 @@ def _after(
     cache.warm()
     time.sleep(0.01)  # vLLM initialises the device between importing the worker and loading
     start = time.perf_counter()
-    key = fingerprint(factors)
-    pending = cache.start_lookup(factors, FREE, avoid=lambda: breaker.recover(cache, key))
+    pending = cache.start_lookup(factors, FREE, avoid=lambda key: breaker.recover(cache, key))
     started = (time.perf_counter() - start) * 1e3
     time.sleep(load_s)  # the weights load
     start = time.perf_counter()

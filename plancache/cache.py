@@ -171,16 +171,17 @@ class PlanCache:
         factors: Mapping[str, Scalar],
         current_free_memory: int,
         *,
-        avoid: Collection[str] | Callable[[], Collection[str]] = (),
+        avoid: Collection[str] | Callable[[str], Collection[str]] = (),
         budget: Budget | None = None,
     ) -> PendingLookup:
         """Start the lookup of ``factors`` in a daemon thread and return at once; join it
         with ``PendingLookup.result(wait, budget=...)`` (a boot knows its budget only once
         the weights are loaded; a ``budget`` known now also steers a tiered store's search).
         The fetch itself is not bounded: only the join is, so a fetch may overlap other work
-        (loading weights) for free. ``avoid``: as for ``lookup``, or a function that returns
-        it, called first in that thread (``Breaker.recover``: its reads of the marks then
-        overlap that work too, within the join's bound; what it raises fails the lookup).
+        (loading weights) for free. ``avoid``: as for ``lookup``, or a function of the key
+        that returns it, called first in that thread (``Breaker.recover``: its reads of the
+        marks then overlap that work too, within the join's bound; what it raises fails the
+        lookup).
         Never raises."""
         return PendingLookup(self, factors, current_free_memory, avoid, budget)
 
@@ -281,7 +282,7 @@ class PendingLookup:
         cache: PlanCache,
         factors: Mapping[str, Scalar],
         current_free_memory: int,
-        avoid: Collection[str] | Callable[[], Collection[str]] = (),
+        avoid: Collection[str] | Callable[[str], Collection[str]] = (),
         budget: Budget | None = None,
     ) -> None:
         self.started = time.perf_counter()
@@ -305,7 +306,7 @@ class PendingLookup:
 
         def fetch() -> Plan | None:
             if callable(avoid):
-                self.avoid = frozenset(avoid())
+                self.avoid = frozenset(avoid(key))
             return cache._store.find(key, usable)
 
         self._fetch = background.start(fetch, "plancache-lookup")

@@ -266,32 +266,33 @@ def test_a_lookup_runs_on_the_thread_that_opened_the_store(tmp_path: Path) -> No
 
 
 def test_what_to_avoid_can_be_worked_out_in_the_lookups_thread(store: PlanStore) -> None:
-    """``avoid`` as a function (the plugin's crash recovery) runs in the fetch's thread, before
-    the fetch; what it returns is avoided, what it raises fails the lookup (never the
+    """``avoid`` as a function of the key (the plugin's crash recovery) runs in the fetch's
+    thread, before the fetch; what it returns is avoided, what it raises fails the lookup (never the
     caller), and a slow one is cut off at the join's bound like a slow fetch."""
     plan = make_plan()
     store.put(plan)
     cache = PlanCache(store, timeout=5)
-    ran_on: list[threading.Thread] = []
+    ran_on: list[tuple[threading.Thread, str]] = []
 
-    def crashed() -> set[str]:
-        ran_on.append(threading.current_thread())
+    def crashed(key: str) -> set[str]:
+        ran_on.append((threading.current_thread(), key))
         return {plan.observations[0].digest}
 
     pending = cache.start_lookup(FACTORS, 80 * GiB, avoid=crashed)
     d = pending.result(5)
     assert (d.reason, d.kv_cache_memory_bytes) == ("gate:crashed-before", None)
     assert pending.avoid == {plan.observations[0].digest}
-    assert ran_on and ran_on[0] is not threading.current_thread()
-    assert cache.start_lookup(FACTORS, 80 * GiB, avoid=lambda: ()).result(5).reason == "hit"
+    assert len(ran_on) == 1 and ran_on[0][0] is not threading.current_thread()
+    assert ran_on[0][1] == plan.fingerprint
+    assert cache.start_lookup(FACTORS, 80 * GiB, avoid=lambda key: ()).result(5).reason == "hit"
 
-    def broken() -> set[str]:
+    def broken(key: str) -> set[str]:
         raise OSError("marks directory unreadable")
 
     failed = cache.start_lookup(FACTORS, 80 * GiB, avoid=broken).result(5)
     assert failed.reason == "error" and "marks directory unreadable" in failed.detail
 
-    def stalled() -> set[str]:
+    def stalled(key: str) -> set[str]:
         time.sleep(3)
         return set()
 

@@ -10,6 +10,7 @@ Its guarantees are the plugin's (``docs/vllm.md``, "Guarantees").
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from plancache import background
 from plancache.background import Job
 from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
 from plancache.errors import ConfigError
-from plancache.fingerprint import Scalar, fingerprint
+from plancache.fingerprint import Scalar
 from plancache.gate import Budget, implausible
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.enable import enabled
@@ -247,26 +248,21 @@ def begin(worker: WorkerLike) -> Boot:
         return boot
     boot.factors, boot.free_memory = factors, free
     boot.labels = worker_labels(worker)
-    boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=lambda: _avoid(boot, cache))
+    avoid = functools.partial(_avoid, boot, cache)  # called with the key in the lookup's thread
+    boot.pending = cache.start_lookup(as_scalars(factors), free, avoid=avoid)
     boot.spent = time.perf_counter() - start
     return boot
 
 
-def _avoid(boot: Boot, cache: PlanCache) -> frozenset[str]:
-    """What the lookup avoids, in its thread: ``_recover``'s digests (none where it failed)."""
-    boot.avoid = safely(_recover, boot, cache) or frozenset()
+def _avoid(boot: Boot, cache: PlanCache, key: str) -> frozenset[str]:
+    """What the lookup of ``key`` avoids, in its thread: the digests ``Breaker.recover``
+    returns (local reads; retractions in the background again), none where it failed."""
+    boot.avoid = safely(_recover, boot, cache, key) or frozenset()
     return boot.avoid
 
 
-def _recover(boot: Boot, cache: PlanCache) -> frozenset[str]:
-    """``Breaker.recover`` for this boot's key (local reads; retractions in the background
-    again)."""
+def _recover(boot: Boot, cache: PlanCache, key: str) -> frozenset[str]:
     start = time.perf_counter()
-    assert boot.factors is not None
-    try:
-        key = fingerprint(as_scalars(boot.factors))
-    except Exception:  # the lookup reports the invalid factors
-        return frozenset()
     avoid = get_breaker().recover(_BackgroundRetract(cache, boot.retractions), key)
     boot.costs["breaker.recover"] = time.perf_counter() - start
     return avoid
