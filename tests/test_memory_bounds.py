@@ -33,10 +33,10 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 
-def store(url):
+def store(url):  # each call abandoned at its own 1.5 s bound
     if backend == "s3":
-        return open_store("s3://hostile/p", endpoint_url=url)
-    return open_store("gs://hostile/p", endpoint_url=url, token="anon")
+        return open_store("s3://hostile/p", endpoint_url=url, timeout=1.5)
+    return open_store("gs://hostile/p", endpoint_url=url, token="anon", timeout=1.5)
 
 def call(cache):
     start = time.monotonic()
@@ -48,11 +48,11 @@ def call(cache):
         ).reason
     return str(reason), time.monotonic() - start
 
-call(PlanCache(store(warm_endpoint), timeout=2.0))
+call(PlanCache(store(warm_endpoint), timeout=10.0))  # returns when all is loaded
 time.sleep(0.5)
 before = hwm()
-reason, seconds = call(PlanCache(store(endpoint), timeout=2.0))
-time.sleep(4.0)  # past the abandoned call's own bound (3 s)
+reason, seconds = call(PlanCache(store(endpoint), timeout=1.0))
+time.sleep(2.5)  # past the abandoned call's own bound (1.5 s after it started)
 print(json.dumps({"growth": hwm() - before, "reason": reason, "seconds": seconds}))
 """
 
@@ -86,6 +86,6 @@ def test_peak_memory_growth_is_bounded_on_endless_bodies(
         )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["seconds"] < 2.5, result
+    assert result["seconds"] < 2.0, result
     assert result["reason"] != "hit", result
     assert result["growth"] <= 50 * MiB, f"peak memory grew by {result['growth'] / MiB:.0f} MiB"
