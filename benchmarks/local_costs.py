@@ -48,14 +48,11 @@ def vllm_load_plan(fingerprint: str, schema: int) -> dict[str, Any] | None:
     path = os.path.join(root, "startup_plan", f"startup_plan_{fingerprint}.json")
     try:
         with open(path) as f:
-            plan = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError):
+            plan: dict[str, Any] = json.load(f)
+    except (OSError, json.JSONDecodeError):  # vLLM: None for both (a missing file, unreadable)
         return None
     if plan.get("schema") != schema or plan.get("fingerprint") != fingerprint:
         return None
-    assert isinstance(plan, dict)
     return plan
 
 

@@ -181,8 +181,7 @@ class PlanCache:
         (loading weights) for free. ``avoid``: as for ``lookup``, or a function of the key
         that returns it, called first in that thread (``Breaker.recover``: its reads of the
         marks then overlap that work too, within the join's bound; what it raises fails the
-        lookup).
-        Never raises."""
+        lookup). Never raises."""
         return PendingLookup(self, factors, current_free_memory, avoid, budget)
 
     def retract(self, fingerprint: str, observation: Observation) -> bool:

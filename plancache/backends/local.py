@@ -2,8 +2,9 @@
 
 Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
 the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
-``flock`` on a sidecar lock file, check the stored content digest, then ``os.replace``; a
-conditional delete checks the digest under the same lock, then unlinks.
+``flock`` on a sidecar lock file, check that the stored bytes are still those read (the
+bytes are the version token), then ``os.replace``; a conditional delete checks them under the
+same lock, then unlinks.
 Temp files are removed on every path; ones left by killed writers are removed by
 :meth:`LocalStore.remove_stale_temp_files`.
 

@@ -262,6 +262,7 @@ def _avoid(boot: Boot, cache: PlanCache, key: str) -> frozenset[str]:
 
 
 def _recover(boot: Boot, cache: PlanCache, key: str) -> frozenset[str]:
+    """``Breaker.recover`` for ``key``, timed into ``boot.costs``."""
     start = time.perf_counter()
     avoid = get_breaker().recover(_BackgroundRetract(cache, boot.retractions), key)
     boot.costs["breaker.recover"] = time.perf_counter() - start
