@@ -12,13 +12,10 @@ waiting for the remote at all.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from plancache import background
-from plancache.backends import open_store
 from plancache.background import Job, JobTimeout
 from plancache.errors import PlanStoreUnavailableError
 from plancache.redaction import without_userinfo
@@ -27,11 +24,6 @@ from plancache.store import ForwardingStore, PlanStore
 
 OPEN_TIMEOUT_S = 5.0
 """Seconds a use of a ``LazyStore`` waits at most for its store to open."""
-
-
-def open_lazily(url: str, **storage_options: Any) -> LazyStore:
-    """``open_store(url, **storage_options)``, opened on first use (see ``LazyStore``)."""
-    return LazyStore(url, functools.partial(open_store, url, **storage_options))
 
 
 class LazyStore(ForwardingStore):
