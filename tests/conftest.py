@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from plancache.backends._remote import CallTimeouts
 from plancache.testing.servers import (
     CountingProxy,
     FakeGCS,
@@ -36,19 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.name.split("[")[0] in SLOW_CONTRACT_TESTS:
             item.add_marker(pytest.mark.slow)
-
-
-LOOSE_BOUNDS = (5.0, 10.0, 1, 30.0)
-"""(connect, read, retries, total): the default per-call bounds of remote stores opened in a
-test. Beside three test workers on two cores, moto and fake-gcs-server sometimes take longer
-than the library's defaults (0.5, 1, 1, 3) to answer; a test that checks those defaults, or
-what a store does when they run out, is marked ``default_bounds`` and keeps them."""
-
-
-@pytest.fixture(autouse=True)
-def _loose_default_bounds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.node.get_closest_marker("default_bounds") is None:
-        monkeypatch.setattr(CallTimeouts.__init__, "__defaults__", LOOSE_BOUNDS)
 
 
 @pytest.fixture(scope="session", autouse=True)

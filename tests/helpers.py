@@ -1,6 +1,6 @@
 """What several test modules share: odd entries named like a plan in a local store (real
-FIFOs, sockets, directories and symbolic links), a call bounded in time, and the crash mark
-of a real process that died."""
+FIFOs, sockets, directories and symbolic links), a call bounded in time, the crash mark
+of a real process that died, and the loose time bounds of tests that set none."""
 
 from __future__ import annotations
 
@@ -14,10 +14,21 @@ from pathlib import Path
 from typing import TypeVar
 
 from plancache import Plan
+from plancache.backends._remote import CallTimeouts
 from plancache.observation import Observation
 from plancache.testing import child_env
 
 T = TypeVar("T")
+
+LOOSE_BOUNDS = CallTimeouts(connect=5.0, read=10.0, retries=1, total=30.0)
+"""The per-call bounds of a remote store opened in a test that sets none (``conftest.py``)."""
+LOOSE_BUDGET_S = 30.0
+"""The lookup and record budget of a ``PlanCache``, and the wait of a ``LazyStore`` for its
+client to open, in a test that sets none."""
+LOOSE_OPTIONS: dict[str, float] = {
+    name: getattr(LOOSE_BOUNDS, field) for name, field in CallTimeouts.OPTIONS.items()
+}
+"""``LOOSE_BOUNDS`` as storage options, for the remote stores of child processes."""
 
 
 def _socket(path: Path, plan: Plan) -> None:

@@ -31,7 +31,7 @@ from plancache.inventory import prune
 from plancache.observation import Observation
 from plancache.testing import GiB, child_env, make_plan
 from plancache.testing.servers import CountingProxy
-from tests.helpers import ODD_ENTRIES, dead_mark, plant_odd_entry, within
+from tests.helpers import LOOSE_OPTIONS, ODD_ENTRIES, dead_mark, plant_odd_entry, within
 
 REPO = Path(__file__).resolve().parent.parent
 BAD = make_plan(kv=30 * GiB, baseline=70 * GiB)
@@ -142,11 +142,11 @@ def _remote_env(kind: str, request: pytest.FixtureRequest) -> tuple[dict[str, st
     if kind == "s3":
         proxy: CountingProxy = request.getfixturevalue("s3_proxy")
         url = f"s3://{request.getfixturevalue('s3_bucket')}/plans"
-        options: dict[str, str] = {"endpoint_url": proxy.endpoint}
+        options: dict[str, object] = {"endpoint_url": proxy.endpoint, **LOOSE_OPTIONS}
     else:
         proxy = request.getfixturevalue("gcs_proxy")
         url = f"gs://{request.getfixturevalue('gcs_bucket')}/plans"
-        options = {"endpoint_url": proxy.endpoint, "token": "anon"}
+        options = {"endpoint_url": proxy.endpoint, "token": "anon", **LOOSE_OPTIONS}
     env = {"PLANCACHE_URL": url, "PLANCACHE_STORAGE_OPTIONS": json.dumps(options)}
     return env, open_store(url, **options)
 

@@ -12,6 +12,7 @@ from plancache.config import Settings
 from plancache.errors import ConfigError, UnsupportedStoreError
 
 
+@pytest.mark.default_bounds  # checks the default budget
 def test_defaults_follow_vllm_cache_root() -> None:
     s = Settings.from_env({"VLLM_CACHE_ROOT": "/cache"})
     assert (s.url, s.timeout, s.read_only, s.local_tier) == (

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import pytest
+
 from plancache import PlanCache, open_store
 from plancache.config import Settings
 from plancache.defaults import DEFAULT_BUDGET_S, default_dir
@@ -18,6 +20,7 @@ def test_default_dir_follows_vllm_cache_root() -> None:
     assert default_dir({"VLLM_CACHE_ROOT": "", "XDG_CACHE_HOME": "/xdg"}).parent.name == "vllm"
 
 
+@pytest.mark.default_bounds  # checks the default budget
 def test_one_budget_default_everywhere() -> None:
     assert DEFAULT_BUDGET_S == 2.0
     assert inspect.signature(PlanCache).parameters["timeout"].default == DEFAULT_BUDGET_S

@@ -54,6 +54,7 @@ def test_local_tier_answers_while_the_remote_client_opens(
     assert time.monotonic() - start < 4.0  # never waits out the client's 5 s opening
 
 
+@pytest.mark.default_bounds  # the default 5 s wait for a client to open
 def test_opening_a_remote_client_is_bounded(fake_gcs: FakeGCS, slow_token_check: None) -> None:
     store = _gcs_settings(fake_gcs, None).open_store()
     start = time.monotonic()

@@ -11,6 +11,7 @@ from plancache import fingerprint, open_store
 from plancache.testing import GiB
 from plancache.testing.servers import FakeGCS, MotoS3
 from tests.cli.helpers import LocalFixture, RemoteSpec, named_plan, record_bytes, write_raw
+from tests.helpers import LOOSE_OPTIONS
 
 
 @pytest.fixture
@@ -32,14 +33,19 @@ def store(tmp_path: Path) -> LocalFixture:
 
 @pytest.fixture
 def s3_spec(moto_s3: MotoS3, s3_bucket: str) -> RemoteSpec:
-    """A fresh empty store on moto (credentials: environment)."""
-    return f"s3://{s3_bucket}/plans", {"endpoint_url": moto_s3.endpoint}
+    """A fresh empty store on moto (credentials: environment), with loose time bounds for
+    the commands' child processes."""
+    return f"s3://{s3_bucket}/plans", {"endpoint_url": moto_s3.endpoint, **LOOSE_OPTIONS}
 
 
 @pytest.fixture
 def gcs_spec(fake_gcs: FakeGCS, gcs_bucket: str) -> RemoteSpec:
-    """A fresh empty store on fake-gcs-server."""
-    return f"gs://{gcs_bucket}/plans", {"endpoint_url": fake_gcs.endpoint, "token": "anon"}
+    """A fresh empty store on fake-gcs-server, with loose time bounds."""
+    return f"gs://{gcs_bucket}/plans", {
+        "endpoint_url": fake_gcs.endpoint,
+        "token": "anon",
+        **LOOSE_OPTIONS,
+    }
 
 
 @pytest.fixture(params=["s3", "gcs"])
