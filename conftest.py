@@ -13,6 +13,8 @@ them. Child processes are not reached from here: tests give the remote stores th
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
 import plancache.config
@@ -25,10 +27,7 @@ from tests.helpers import LOOSE_BOUNDS, LOOSE_BUDGET_S
 @pytest.fixture(autouse=True)
 def _loose_default_bounds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("default_bounds") is None:
-        b = LOOSE_BOUNDS
-        monkeypatch.setattr(
-            CallTimeouts.__init__, "__defaults__", (b.connect, b.read, b.retries, b.total)
-        )
+        monkeypatch.setattr(CallTimeouts.__init__, "__defaults__", astuple(LOOSE_BOUNDS))
         monkeypatch.setattr(PlanCache.__init__, "__defaults__", (LOOSE_BUDGET_S,))
         monkeypatch.setattr(LazyStore.__init__, "__kwdefaults__", {"open_timeout": LOOSE_BUDGET_S})
         monkeypatch.setattr(plancache.config, "DEFAULT_BUDGET_S", LOOSE_BUDGET_S)

@@ -66,8 +66,12 @@ def test_missing_extra_is_one_line(tmp_path: Path) -> None:
 def test_s3_errors_are_one_line(s3_spec: RemoteSpec) -> None:
     url, options = s3_spec
     secret = "hunter2-not-for-logs"
-    dead = {**options, "endpoint_url": f"http://127.0.0.1:{closed_port()}", "key": "id"}
-    dead["secret"] = secret
+    dead = {
+        **options,
+        "endpoint_url": f"http://127.0.0.1:{closed_port()}",
+        "key": "id",
+        "secret": secret,
+    }
     result = run("ls", url, "--storage-options", json.dumps(dead))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"plancache: error: {url}: ") and "reach" in result.stderr
