@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plancache import PlanCache, open_store
-from plancache.backends._remote import ObjectStore
+from plancache.backends._remote import RemoteStore
 from plancache.backends.tiered import TieredStore
 from plancache.config import Settings
 from plancache.probe import probe
@@ -58,7 +58,7 @@ def honest_runs(spec: Spec, runs: int) -> dict[str, Any]:
     url, options = spec
     with CountingProxy(options["endpoint_url"]) as proxy:
         store = open_store(f"{url}/plans", **{**options, "endpoint_url": proxy.endpoint})
-        assert isinstance(store, ObjectStore)
+        assert isinstance(store, RemoteStore)
         verdicts: Counter[str] = Counter()
         requests: list[int] = []
         seconds: list[float] = []
@@ -127,7 +127,7 @@ def lookups(spec: Spec, tier: Path, n: int = 200) -> dict[str, Any]:
     out = {"lookup_ms_p50_unguarded": p50(plain), "lookup_ms_p50_guarded": p50(guarded)}
     stop = threading.Event()
     store = open_store(f"{url}/busy", **options)
-    assert isinstance(store, ObjectStore)
+    assert isinstance(store, RemoteStore)
 
     def busy() -> None:
         while not stop.is_set():

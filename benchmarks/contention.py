@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import json
 import multiprocessing
 import random
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -44,6 +45,7 @@ from plancache import Plan, PlanStore, open_store
 from plancache.errors import PlanStoreError
 from plancache.fingerprint import Scalar
 from plancache.merge import covers
+from plancache.objects import CREATE, Opened, Update, WriteMode
 from plancache.observation import Observation
 from plancache.store import content_version
 from plancache.testing import GiB
@@ -51,7 +53,8 @@ from plancache.testing.servers import gcs_server, s3_server
 
 MiB = 1 << 20
 FACTORS: dict[str, Scalar] = {"model": "contention/bench", "rank": 0}
-PRIMITIVES = ("_read", "_create", "_replace", "_delete", "_delete_if")
+PRIMITIVES = ("read_object", "write_object", "delete_object")
+"""The object layer's calls that send a request (one each on an object store)."""
 WORKLOADS = ("fleet", "distinct")
 SUITE: dict[str, list[int]] = {"sim": [16, 64, 256], "local": [16, 64], "s3": [64], "gcs": [64]}
 """Writer counts per back end in the main benchmark (``python -m benchmarks``)."""
@@ -82,7 +85,7 @@ def _plan(point: Point) -> Plan:
 
 
 def counted(store: PlanStore) -> Counter[int]:
-    """Count ``store``'s primitive calls from now on, per thread."""
+    """Count ``store``'s object-layer calls from now on, per thread."""
     calls: Counter[int] = Counter()
 
     def counting(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -211,41 +214,39 @@ class LatencyStore(PlanStore):
     def url(self) -> str:
         return "sim://"
 
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
         time.sleep(self.latency)
-        data = self.records.data.get(fp)
-        return None if data is None else (data, content_version(data))
+        data = self.records.data.get(name)
+        return None if data is None else (data[:limit], content_version(data))
 
-    def _create(self, fp: str, data: bytes) -> bool:
+    def open_object(self, name: str) -> Opened | None:
+        found = self.read_object(name, 1 << 30)
+        return None if found is None else Opened(io.BytesIO(found[0]), found[1])
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        data = b"".join(chunks)
         time.sleep(self.latency)
         with self.records.lock:
-            return self.records.data.setdefault(fp, data) is data
-
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        time.sleep(self.latency)
-        with self.records.lock:
-            current = self.records.data.get(fp)
-            if current is None or content_version(current) != version:
+            current = self.records.data.get(name)
+            if isinstance(mode, Update):
+                if current is None or content_version(current) != mode.version:
+                    return False
+            elif current is not None:
                 return False
-            self.records.data[fp] = data
+            self.records.data[name] = data
             return True
 
-    def _delete(self, fp: str) -> bool:
+    def delete_object(self, name: str, version: object | None = None) -> bool:
         time.sleep(self.latency)
         with self.records.lock:
-            return self.records.data.pop(fp, None) is not None
-
-    def _delete_if(self, fp: str, version: object) -> bool:
-        time.sleep(self.latency)
-        with self.records.lock:
-            current = self.records.data.get(fp)
-            if current is None or content_version(current) != version:
+            current = self.records.data.get(name)
+            if current is None or (version is not None and content_version(current) != version):
                 return False
-            del self.records.data[fp]
+            del self.records.data[name]
             return True
 
-    def _list(self) -> Iterator[str]:
-        return iter(list(self.records.data))
+    def list_objects(self, prefix: str) -> Iterator[str]:
+        return iter(sorted(n for n in list(self.records.data) if n.startswith(prefix)))
 
 
 def simulate(pts: list[Point], latency: float) -> dict[str, Any]:

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from plancache.artifacts import inventory
-from plancache.artifacts.blobs import Blobs
 from plancache.artifacts.inventory import ArtifactEntry
 from plancache.artifacts.manifest import parse_object_name
 from plancache.display import age, echo, plural, print_table, size, when
+from plancache.objects import ObjectLayer
 from plancache.signing import Keyring, Verdict
 
 KIND = "compile"
@@ -60,9 +60,9 @@ def entry_dict(e: ArtifactEntry) -> dict[str, Any]:
     }
 
 
-def ls(blobs: Blobs, keyring: Keyring) -> list[ArtifactEntry]:
+def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactEntry]:
     """Print one row per artifact (unreadable ones after, with the reason); the entries."""
-    entries = list(inventory.scan(blobs))
+    entries = list(inventory.scan(layer, max_bytes))
     valid = [e for e in entries if e.manifest is not None]
     now = time.time()
     signed = keyring.requires_signature or any(
@@ -88,13 +88,14 @@ def ls(blobs: Blobs, keyring: Keyring) -> list[ArtifactEntry]:
         print_table([*headers, *(["SIGNED"] if signed else [])], rows, right={3, 4, 5})
     for e in entries:
         if e.manifest is None:
-            echo(f"  unreadable compile artifact {e.name}: {e.error}")
+            where = "unreadable here" if e.unreadable else "unreadable"
+            echo(f"  {where} compile artifact {e.name}: {e.error}")
     return entries
 
 
-def show(blobs: Blobs, ref: str, keyring: Keyring) -> int:
-    [name] = inventory.resolve(blobs, [ref])
-    e = inventory.read_entry(blobs, name)
+def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
+    [name] = inventory.resolve(layer, [ref])
+    e = inventory.read_entry(layer, name, max_bytes)
     if e is None or e.manifest is None:
         echo(f"compile artifact {name}: {'gone' if e is None else e.error}")
         return 1
@@ -102,7 +103,7 @@ def show(blobs: Blobs, ref: str, keyring: Keyring) -> int:
     echo(f"kind         {KIND} artifact (vLLM AOT)")
     echo(f"key          {m.key}")
     echo(f"rank         {m.rank}")
-    echo(f"object       {name} in {blobs.url}")
+    echo(f"object       {name} in {layer.url}")
     echo(f"created      {when(m.created_at, time.time())}")
     echo(f"size         {size(m.total_size)} in {plural(len(m.files), 'file')}")
     echo(f"digest       {m.digest}")
@@ -119,49 +120,70 @@ def show(blobs: Blobs, ref: str, keyring: Keyring) -> int:
     return 0
 
 
-def verify(blobs: Blobs, keyring: Keyring, *, fix: bool) -> tuple[int, int]:
-    """Read every byte of every artifact; print each finding (deleted with ``fix``).
-    (checked, findings)."""
-    names = sorted(blobs.names())
+def verify(
+    layer: ObjectLayer, keyring: Keyring, max_bytes: int, *, fix: bool, require_signature: bool
+) -> tuple[int, int]:
+    """Read every byte of every artifact; print each finding. With ``fix``, delete what is
+    provably corrupt (or, with ``require_signature``, unsigned), only as the version judged;
+    what is unreadable here is kept. (checked, findings)."""
+    names = inventory.names(layer)
     bad = 0
     for name in names:
-        problem = inventory.verify(blobs, name, keyring)
+        problem = inventory.verify(layer, name, keyring, max_bytes)
         if problem is None:
             continue
         bad += 1
-        note = "  (deleted)" if fix and blobs.delete(name) else ""
-        echo(f"{name}  {problem}{note}")
+        signature = problem.text.startswith("invalid:signature")
+        doomed = problem.corrupt and (require_signature or not signature)
+        note = ""
+        if fix and doomed:
+            deleted = inventory.delete(layer, name, problem.version)
+            note = "  (deleted)" if deleted else "  (changed since it was judged: kept)"
+        elif fix:
+            note = "  (kept)"
+        echo(f"{name}  {problem.text}{note}")
     return len(names), bad
 
 
-def rm(blobs: Blobs, refs: list[str]) -> None:
-    for name in inventory.resolve(blobs, refs):
-        echo(f"deleted {name}" if blobs.delete(name) else f"already gone {name}")
+def rm(layer: ObjectLayer, refs: list[str]) -> None:
+    for name in inventory.resolve(layer, refs):
+        echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
 
 
-def prune(blobs: Blobs, older_than: float, *, dry_run: bool) -> None:
-    """Delete (or list) the artifacts older than ``older_than`` seconds; silent if none."""
+def prune(layer: ObjectLayer, older_than: float, max_bytes: int, *, dry_run: bool) -> None:
+    """Delete (or list) the artifacts older than ``older_than`` seconds, and report those
+    kept; silent if none."""
     verb = "would delete" if dry_run else "deleted"
-    gone = inventory.prune(blobs, older_than, dry_run=dry_run)
-    for name in gone:
+    result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes)
+    for name in result.deleted:
         echo(f"{verb} {name}")
-    if gone:
-        echo(f"{verb} {plural(len(gone), 'compile artifact')} older than {age(older_than)}")
+    for name, why in result.kept:
+        echo(f"{name}  {why}")
+    if result.deleted:
+        echo(
+            f"{verb} {plural(len(result.deleted), 'compile artifact')} older than {age(older_than)}"
+        )
 
 
-def cp(src: Blobs, dst: Blobs) -> None:
-    """Copy every artifact, create-if-absent (as stored); silent if there are none."""
+def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: bool) -> None:
+    """Copy every artifact, create-if-absent (as stored), signed ones only unless
+    ``trust_unsigned``; says what it skipped; silent if there are none."""
     created = kept = 0
-    for name in sorted(src.names()):
-        done = inventory.copy(src, dst, name)
+    skipped: list[tuple[str, str]] = []
+    for name in inventory.names(src):
+        done = inventory.copy(src, dst, name, keyring=keyring, trust_unsigned=trust_unsigned)
+        if isinstance(done, str):
+            skipped.append((name, done))
         created += done is True
         kept += done is False
-    if created or kept:
-        echo(f"copied compile artifacts: {created} created, {kept} kept")
+    for name, why in skipped:
+        echo(f"skipped compile artifact {name}: {why}")
+    if created or kept or skipped:
+        echo(f"copied compile artifacts: {created} created, {kept} kept, {len(skipped)} skipped")
 
 
-def stats(blobs: Blobs) -> dict[str, Any]:
-    entries = [e for e in inventory.scan(blobs) if e.manifest is not None]
+def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
+    entries = [e for e in inventory.scan(layer, max_bytes) if e.manifest is not None]
     stamps = [e.manifest.created_at for e in entries if e.manifest is not None]
     return {
         "artifacts": len(entries),

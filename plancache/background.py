@@ -23,15 +23,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from plancache.errors import JobTimeout as JobTimeout  # raised by Job.wait
+
 T = TypeVar("T")
 MAX_IDLE = 4
 """Most threads kept waiting for work."""
 IDLE_NAME = "plancache-idle"
 """The name of a thread while it waits for work (a thread takes its job's name)."""
-
-
-class JobTimeout(Exception):
-    """A job did not finish within the wait."""
 
 
 class Job(Generic[T]):

@@ -48,7 +48,7 @@ ValueErrors); the line of any other names the exception's type too. Every failur
 
 DEFAULT_TIMEOUT_S = MAX_SECONDS
 """Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
-of a single call (a whole listing, ``ObjectStore.list_timeout``)."""
+of a single call (a whole listing, ``RemoteStore.list_timeout``)."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="JSON",
             help=f"for {side.upper()} (default: --storage-options)",
         )
+    p.add_argument(
+        "--trust-unsigned",
+        action="store_true",
+        help="into a local DST, copy compile artifacts that no accepted key signed too (they "
+        "are code: a node installs unsigned ones from a local store without a key); default: "
+        "signed ones only",
+    )
 
     url(p := command("stats", cmd_stats))
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -261,7 +268,6 @@ def _run(args: argparse.Namespace) -> int:
     (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
     func: Callable[[argparse.Namespace], int] = args.func
     args.opened = []  # stores to close on the way out
-    args.where = {}  # store URL -> (URL, storage options) it was opened with
     args.keyring = None  # read on first use
     try:
         _one_store(args)

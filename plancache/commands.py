@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -29,10 +28,7 @@ import orjson
 
 from plancache import artifact_commands, inventory
 from plancache.artifacts import inventory as inventory_artifacts
-from plancache.artifacts.blobs import Blobs, blobs_for
-from plancache.backends import open_store
-from plancache.backends.guarded import open_guarded
-from plancache.backends.lazy import LazyStore
+from plancache.artifacts.share import CompileSettings
 from plancache.backends.local import LocalStore
 from plancache.config import (
     Settings,
@@ -52,17 +48,14 @@ from plancache.display import (
     size,
     when,
 )
+from plancache.errors import CliError as CliError  # the command's own errors
 from plancache.errors import InvalidPlanError
 from plancache.fingerprint import canonical, fingerprint
 from plancache.inventory import device
 from plancache.plan import Plan
 from plancache.signing import Keyring, parse_keys
-from plancache.store import PlanStore
+from plancache.store import PlanStore, beneath
 from plancache.units import gib
-
-
-class CliError(ValueError):
-    """A problem found after parsing: missing store, unreadable input."""
 
 
 # -- shared helpers ----------------------------------------------------------------------------
@@ -83,19 +76,14 @@ def _open(
     one that ignores preconditions raises, unless ``PLANCACHE_TRUST_PRECONDITIONS=1``). A
     local store that must exist but does not is an error."""
     url, storage_options = _where(args, url, options, flag, shared_for_local)
-    store: PlanStore
-    if is_remote(url):
-        env = Settings.from_env()
-        guarded = functools.partial(
-            open_guarded, url, storage_options, env.local_dir, trust=env.trust_preconditions
-        )
-        store = LazyStore(url, guarded)
-    else:
-        store = open_store(url, **storage_options)
+    env = Settings.from_env()
+    settings = dataclasses.replace(
+        env, url=url, storage_options=storage_options, local_tier=None, keyring=_keyring(args)
+    )
+    store = settings.open_store()
     args.opened.append(store)
-    args.where[store.url] = (url, storage_options)
-    store.use_keyring(_keyring(args))
-    if must_exist and isinstance(store, LocalStore) and not store.root.exists():
+    local = None if is_remote(url) else next(s for s in beneath(store))
+    if must_exist and isinstance(local, LocalStore) and not local.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store
 
@@ -117,12 +105,9 @@ def _where(
     return url, storage_options
 
 
-def _artifacts(args: argparse.Namespace, store: PlanStore) -> Blobs:
-    """The compile artifacts beside ``store``'s plans (``plancache.artifacts``)."""
-    url, storage_options = args.where[store.url]
-    blobs = blobs_for(url, storage_options)
-    args.opened.append(blobs)
-    return blobs
+def _max_bytes() -> int:
+    """This process's cap on a compile artifact's size (``PLANCACHE_COMPILE_MAX_BYTES``)."""
+    return CompileSettings.from_env().max_bytes
 
 
 def _keyring(args: argparse.Namespace) -> Keyring:
@@ -179,7 +164,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             [inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid]
             + [
                 artifact_commands.entry_dict(a)
-                for a in inventory_artifacts.scan(_artifacts(args, store))
+                for a in inventory_artifacts.scan(store, _max_bytes())
             ]
         )
         return 0
@@ -208,7 +193,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
-    artifacts = artifact_commands.ls(_artifacts(args, store), keyring)
+    artifacts = artifact_commands.ls(store, keyring, _max_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
     if artifacts:
@@ -223,7 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     """The whole record under a fingerprint or a unique prefix of one."""
     store = _open(args, args.url)
     if artifact_commands.is_ref(args.fingerprint):
-        return artifact_commands.show(_artifacts(args, store), args.fingerprint, store.keyring)
+        return artifact_commands.show(store, args.fingerprint, store.keyring, _max_bytes())
     [fp] = inventory.resolve(store, [args.fingerprint])
     entry = inventory.read_entry(store, fp)
     if entry is None:
@@ -294,7 +279,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.require_signature:
         summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
-    checked, broken = artifact_commands.verify(_artifacts(args, store), keys, fix=args.fix)
+    checked, broken = artifact_commands.verify(
+        store, keys, _max_bytes(), fix=args.fix, require_signature=args.require_signature
+    )
     if checked:
         echo(f"{plural(checked, 'compile artifact')} checked, every byte: {broken} failed")
     return 1 if (bad or broken) and not args.fix else 0
@@ -305,7 +292,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     store = _open(args, args.url)
     refs = [f for f in args.fingerprints if artifact_commands.is_ref(f)]
     if refs:
-        artifact_commands.rm(_artifacts(args, store), refs)
+        artifact_commands.rm(store, refs)
     plans = [f for f in args.fingerprints if f not in refs]
     for fp, deleted in inventory.remove(store, plans) if plans else ():
         echo(f"deleted {fp}" if deleted else f"already gone {fp}")
@@ -340,7 +327,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         left = plural(result.rejected, "record")
         summary += f"; {left} not validly signed left as they are"
     echo(summary)
-    artifact_commands.prune(_artifacts(args, store), args.older_than, dry_run=args.dry_run)
+    artifact_commands.prune(store, args.older_than, _max_bytes(), dry_run=args.dry_run)
     return 0
 
 
@@ -364,7 +351,10 @@ def cmd_cp(args: argparse.Namespace) -> int:
         + (f", {c.rejected} not validly signed skipped" if c.rejected else "")
         + (f", {c.vanished} deleted meanwhile" if c.vanished else "")
     )
-    artifact_commands.cp(_artifacts(args, src), _artifacts(args, dst))
+    # a node installs unsigned artifacts without a key from a local store only: copying
+    # into one must not make unsigned code trusted
+    trusting = args.trust_unsigned or is_remote(args.dst)
+    artifact_commands.cp(src, dst, src.keyring, trust_unsigned=trusting)
     return 0
 
 
@@ -372,7 +362,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Counts, bytes, oldest and newest plan, devices seen."""
     store = _open(args, args.url)
     s = inventory.stats(store)
-    a = artifact_commands.stats(_artifacts(args, store))
+    a = artifact_commands.stats(store, _max_bytes())
     if args.json:
         print_json({**dataclasses.asdict(s), **a})
         return 0

@@ -30,10 +30,9 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from plancache.backends import open_store
-from plancache.backends._remote import ObjectStore
+from plancache.backends._remote import RemoteStore
 from plancache.backends.guarded import (
     TRUST_VARIABLE,
     VERDICTS_DIR,
@@ -44,9 +43,10 @@ from plancache.breaker import MARKS_DIR
 from plancache.config import Settings, keyring_from_env, parse_storage_options
 from plancache.display import echo, plural, print_json, print_table, size
 from plancache.errors import ConfigError, PlanStoreError
+from plancache.fingerprint import object_name
 from plancache.probe import STEPS, Verdict, probe
 from plancache.redaction import scrub, secret_values, without_userinfo
-from plancache.store import PlanStore
+from plancache.store import READ_LIMIT, ForwardingStore, PlanStore, beneath
 
 Status = Literal["ok", "finding", "info"]
 GETS = 5
@@ -87,26 +87,28 @@ class _Doctor:
 
     # -- the store ----------------------------------------------------------------------------
     def store(self) -> None:
-        url = self.settings.url
+        settings = dataclasses.replace(self.settings, local_tier=None, read_only=False)
+        stack = settings.open_store()  # the one open path: lazily, within its bound
         try:
-            store = open_store(url, **self.settings.storage_options)
+            store = next(s for s in beneath(stack) if not isinstance(s, ForwardingStore))
         except PlanStoreError as exc:
+            stack.close()
             self.add("store", "open", "finding", str(exc))
             return
         try:
             self.add("store", "open", "ok", f"{store.url} ({type(store).__name__})")
-            if isinstance(store, ObjectStore):
+            if isinstance(store, RemoteStore):
                 self.remote(store)
             else:
                 self.local_store(store)
         finally:
-            store.close()
+            stack.close()
 
     def local_store(self, store: PlanStore) -> None:
         self.attempt("store", "list", lambda: f"{sum(1 for _ in store.iter_fingerprints())} plans")
         self.add("store", "conformance", "info", "local directory: atomic by construction")
 
-    def remote(self, store: ObjectStore) -> None:
+    def remote(self, store: RemoteStore) -> None:
         if not self.attempt("store", "endpoint", lambda: without_userinfo(store.endpoint())):
             return
         # not scrubbed again: gcsfs's method "anon" is also the ``token`` option's value
@@ -118,17 +120,19 @@ class _Doctor:
         def reads() -> str:
             for _ in range(GETS):
                 start = time.perf_counter()
-                store._read(missing)
+                store.read_object(object_name(missing), READ_LIMIT)
                 times.append(time.perf_counter() - start)
             return f"p50 {statistics.median(times) * 1000:.1f} ms of {GETS} reads"
 
         if not self.attempt("store", "read", reads):
             return
-        self.attempt("store", "list", lambda: "ok" if next(store._list(), None) else "ok (empty)")
+        self.attempt(
+            "store", "list", lambda: "ok" if next(store.list_objects(""), None) else "ok (empty)"
+        )
         self.conformance(store)
         self.clock(store)
 
-    def conformance(self, store: ObjectStore) -> None:
+    def conformance(self, store: RemoteStore) -> None:
         if self.settings.trust_preconditions:
             self.add("store", TRUST_VARIABLE, "info", "set: writes skip the probe's verdict")
         result = probe(store.probe_store())
@@ -163,7 +167,7 @@ class _Doctor:
             cache = VerdictCache(Path(self.settings.local_dir) / VERDICTS_DIR)
             cache.save(identity(store), store.url, result)
 
-    def clock(self, store: ObjectStore) -> None:
+    def clock(self, store: RemoteStore) -> None:
         endpoint = store.endpoint()
         request = urllib.request.Request(endpoint, method="HEAD")
         try:
@@ -228,28 +232,11 @@ class _Doctor:
         self.add("vllm", "PLANCACHE_COMPILE_CACHE", "info", compile_cache or "unset")
 
 
-def credential_source(store: ObjectStore, secrets_: list[str]) -> str:
-    """Where the store's credentials came from: the client's name for its method (``anon``,
-    ``env``, ``shared-credentials-file``, ...), never a secret (``secrets_`` are masked in an
-    error)."""
-    fs: Any = store.fs
-    if store.scheme in ("gs", "gcs"):
-        method = getattr(getattr(fs, "credentials", None), "method", None)
-        return f"gcsfs: {method or 'unknown'}"
-    if getattr(fs, "anon", False):
-        return "anonymous"
-    if getattr(fs, "key", None):
-        return "storage options (key and secret)"
-
-    async def resolve() -> str:
-        await fs.set_session()
-        creds = await fs.session.get_credentials()
-        if creds is None:
-            return "none found"
-        return f"botocore: {getattr(creds, 'method', None) or 'unknown'}"
-
+def credential_source(store: RemoteStore, secrets_: list[str]) -> str:
+    """Where the store's credentials came from (``RemoteStore.credential_source``), never a
+    secret (``secrets_`` are masked in an error)."""
     try:
-        return str(store._run("credentials", resolve))
+        return store.credential_source()
     except PlanStoreError as exc:
         return scrub(f"not resolved: {exc}", secrets_)
 

@@ -1,6 +1,8 @@
 """Every exception plancache raises on purpose, in one flat family (pure).
 
-Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches all of them.
+Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches all of them,
+and every one is defined here (backends' internal signals, translated into
+``PlanStoreError`` before they leave the backend, derive from it too).
 All store failures are ``PlanStoreError`` subclasses that keep their ``cause``; bad input is
 a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``).
 The 0.1.0 names without the ``Error`` suffix still resolve, with a ``DeprecationWarning``,
@@ -46,6 +48,11 @@ class PlanStoreReadOnlyError(PlanStoreError):
     """A write was asked of a store opened read-only."""
 
 
+class StoreIgnoresPreconditionsError(PlanStoreReadOnlyError):
+    """The store was found to ignore a write precondition (``plancache.probe``): nothing is
+    written to it."""
+
+
 class UnsupportedStoreError(PlanStoreError, ValueError):
     """A URL or its storage options name a store this installation cannot open."""
 
@@ -76,6 +83,25 @@ class UnsupportedSchemaError(InvalidPlanError):
 
 class ConfigError(PlancacheError, ValueError):
     """A setting (environment variable, option) holds a value plancache cannot use."""
+
+
+class ArtifactError(PlancacheError):
+    """A compile artifact (or another object of a kind loaded as code) that cannot be
+    packed, read or installed; the message says why. Nothing was installed."""
+
+
+class UnreadableHereError(ArtifactError):
+    """An object this process cannot read, though another may: a codec not installed here,
+    a newer format, a size over this process's cap. Never judged corrupt: kept."""
+
+
+class JobTimeout(PlancacheError):
+    """A background job did not finish within the wait (``plancache.background``)."""
+
+
+class CliError(PlancacheError, ValueError):
+    """A problem the ``plancache`` command found after parsing its arguments (a missing
+    store, unreadable input)."""
 
 
 class RankAgreementError(PlancacheError, RuntimeError):

@@ -3,9 +3,10 @@
 Every guarantee of ``PlanStore.put_merged`` and ``rewrite`` (no lost observation, no lost
 tombstone) rests on two primitives: create-if-absent and compare-and-swap. Some stores (and
 proxies in front of them) accept such a write unconditionally, answering success and
-overwriting. ``probe(store)`` finds out with the store primitives only (``_create``,
-``_replace``, ``_read``, ``_delete``), so it works on every backend, on fresh random keys of
-``store`` (give it a store scoped to a probe prefix: ``ObjectStore.probe_store``):
+overwriting. ``probe(store)`` finds out with the object layer only (``write_object``
+create-if-absent and if-version-matches, ``read_object``, ``delete_object``), so it works on
+every backend, on fresh random names of ``store`` (give it a store scoped to a probe
+prefix: ``RemoteStore.probe_store``):
 
 1. ``create``: create-if-absent on a fresh key succeeds;
 2. ``create-existing``: the same create fails, and the object keeps its first content;
@@ -37,8 +38,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from plancache import background
-from plancache.errors import PlanStoreError, PlanStorePermissionError
-from plancache.store import PlanStore
+from plancache.errors import PlancacheError, PlanStoreError, PlanStorePermissionError
+from plancache.fingerprint import object_name
+from plancache.objects import CREATE, Update
+from plancache.store import READ_LIMIT, PlanStore
 
 T = TypeVar("T")
 
@@ -94,7 +97,7 @@ class ProbeResult:
     seconds: float = 0.0
 
 
-class _Decided(Exception):
+class _Decided(PlancacheError):
     """Ends a probe early with a verdict."""
 
     def __init__(self, verdict: Verdict, step: str, detail: str) -> None:
@@ -117,9 +120,19 @@ class _Run:
         return f'{{"plancache-probe":"{self.token}","write":"{label}"}}'.encode()
 
     def key(self) -> str:
-        key = secrets.token_hex(32)
+        """A fresh object name (named as a plan is, so that stores keep it like one)."""
+        key = object_name(secrets.token_hex(32))
         self.written.append(key)
         return key
+
+    def create(self, name: str, data: bytes) -> bool:
+        return self.store.write_object(name, (data,), CREATE)
+
+    def replace(self, name: str, data: bytes, version: object) -> bool:
+        return self.store.write_object(name, (data,), Update(version))
+
+    def read(self, name: str) -> tuple[bytes, object] | None:
+        return self.store.read_object(name, READ_LIMIT)
 
     def call(self, step: str, fn: Callable[[], T], *, writes: bool = False) -> T:
         """``fn()`` (one request), its store errors turned into a decision."""
@@ -148,7 +161,7 @@ class _Run:
         def racer(i: int) -> None:
             try:
                 barrier.wait(timeout=max(0.0, self.deadline - time.monotonic()))
-                results[i] = self.store._create(key, self.data(f"racer-{i}"))
+                results[i] = self.create(key, self.data(f"racer-{i}"))
             except threading.BrokenBarrierError:
                 results[i] = _Decided(Verdict.UNKNOWN, step, "the racers did not start")
             except PlanStorePermissionError as exc:
@@ -173,17 +186,16 @@ class _Run:
 
     def checks(self) -> None:
         """Steps 1-5; raises ``_Decided`` unless every one passed."""
-        s = self.store
         k1 = self.key()
         first = self.data("first")
-        if not self.call("create", lambda: s._create(k1, first), writes=True):
+        if not self.call("create", lambda: self.create(k1, first), writes=True):
             raise _Decided(Verdict.UNKNOWN, "create", "a create of a fresh key failed")
         self.passed("create")
 
         step = "create-existing"
-        if self.call(step, lambda: s._create(k1, self.data("second")), writes=True):
+        if self.call(step, lambda: self.create(k1, self.data("second")), writes=True):
             raise _Decided(Verdict.LIES, step, "a create of an existing key succeeded")
-        found = self.call(step, lambda: s._read(k1))
+        found = self.call(step, lambda: self.read(k1))
         if found is None:
             raise _Decided(Verdict.UNKNOWN, step, "the object just created is missing")
         if found[0] != first:
@@ -194,7 +206,7 @@ class _Run:
         step = "cas-missing"
         k2 = self.key()
         orphan = self.data("cas-missing")
-        if self.call(step, lambda: s._replace(k2, orphan, version), writes=True):
+        if self.call(step, lambda: self.replace(k2, orphan, version), writes=True):
             raise _Decided(Verdict.LIES, step, "a compare-and-swap on a missing key succeeded")
         self.passed(step, "absence checked by the next step")
 
@@ -204,9 +216,9 @@ class _Run:
             raise _Decided(Verdict.LIES, step, f"{len(winners)} of {RACERS} creates won")
 
         wrong = "cas-wrong-version"
-        if self.call(wrong, lambda: s._replace(k2, self.data("cas-wrong"), version), writes=True):
+        if self.call(wrong, lambda: self.replace(k2, self.data("cas-wrong"), version), writes=True):
             raise _Decided(Verdict.LIES, wrong, "a compare-and-swap with a wrong version succeeded")
-        stored = self.call(wrong, lambda: s._read(k2))
+        stored = self.call(wrong, lambda: self.read(k2))
         content = None if stored is None else stored[0]
         if content == orphan:
             raise _Decided(Verdict.LIES, "cas-missing", "a failed compare-and-swap created the key")
@@ -227,7 +239,7 @@ class _Run:
                 if time.monotonic() > self.deadline:
                     return Step("cleanup", False, "not done before the deadline")
                 self.requests += 1
-                self.store._delete(key)
+                self.store.delete_object(key)
         except PlanStoreError as exc:
             return Step("cleanup", False, str(exc))
         return Step("cleanup", True)

@@ -1,7 +1,9 @@
-"""The ``PlanStore`` contract and the one compare-and-swap loop (no I/O libraries).
+"""The plans kind: the ``PlanStore`` contract and the one compare-and-swap loop (no I/O
+libraries).
 
-Backends implement six primitives (read with a version token, create-if-absent,
-replace-if-version-matches, delete-if-version-matches, delete, list); everything else,
+Backends implement the object API (``plancache.objects.ObjectLayer``: read with a version
+token, write create-if-absent or replace-if-version-matches, delete unconditionally or
+if-version-matches, list); a plan is the object ``startup_plan_{fp}.json``. Everything else,
 including the merge of concurrent writers, the backoff of those that lose a race and the
 signing of what is written (``PlanStore.keyring``, see ``plancache.signing``), lives here once.
 Stores that wrap another (a tier, a lazy opening, a write guard) derive from
@@ -15,10 +17,10 @@ import hashlib
 import logging
 import random
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, NoReturn, TypeVar
+from typing import Generic, TypeVar
 
 from plancache.defaults import PUT_BUDGET_S
 from plancache.errors import (
@@ -27,8 +29,9 @@ from plancache.errors import (
     PlanStorePermissionError,
     UnsupportedSchemaError,
 )
-from plancache.fingerprint import validate_key
+from plancache.fingerprint import OBJECT_PREFIX, fingerprint_of_name, object_name, validate_key
 from plancache.merge import covers, merge, retract
+from plancache.objects import CREATE, ObjectLayer, Opened, Update, WriteMode
 from plancache.observation import Observation
 from plancache.plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache.reasons import PutOutcome as PutOutcome  # what put returns, also named here
@@ -88,7 +91,7 @@ def _adds_nothing(stored: Plan, new: Plan, merged: Plan) -> bool:
     )
 
 
-class PlanStore(ABC):
+class PlanStore(ObjectLayer):
     """Where plans live. Guarantees, for every backend that passes the conformance suite:
 
     - ``get`` returns a valid plan, None for a missing one, or raises ``InvalidPlanError``
@@ -117,40 +120,36 @@ class PlanStore(ABC):
         this with the configured keys)."""
         self.keyring = keyring
 
-    @property
-    @abstractmethod
-    def url(self) -> str:
-        """The store's location, without secrets."""
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
-    # -- primitives each backend implements -------------------------------------------
-    @abstractmethod
+    # -- the plans kind on the object layer: its records as objects --------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent."""
+        return self.read_object(object_name(fp), READ_LIMIT)
 
-    @abstractmethod
     def _create(self, fp: str, data: bytes) -> bool:
         """Write ``data`` only if no record exists; False if one does. Atomic."""
+        return self.write_object(object_name(fp), (data,), CREATE)
 
-    @abstractmethod
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         """Overwrite only if the stored version is still ``version``; False otherwise."""
+        return self.write_object(object_name(fp), (data,), Update(version))
 
-    @abstractmethod
     def _delete_if(self, fp: str, version: object) -> bool:
         """Remove the record only if its version is still ``version`` (a token ``_read``
         returned); False if it changed or is gone. Atomic where the service honours the
         precondition (see each backend)."""
+        return self.delete_object(object_name(fp), version)
 
-    @abstractmethod
     def _delete(self, fp: str) -> bool:
         """Remove the record, whatever its version; False if it was absent."""
+        return self.delete_object(object_name(fp))
 
-    @abstractmethod
     def _list(self) -> Iterator[str]:
         """Fingerprints of stored records (names that are not plans are skipped)."""
+        names = self.list_objects(OBJECT_PREFIX)
+        return (fp for fp in map(fingerprint_of_name, names) if fp is not None)
 
     # -- the public contract ------------------------------------------------------------
     def get(self, fp: str) -> Plan | None:
@@ -382,8 +381,15 @@ class PlanStore(ABC):
         self._note(fp, stored=found is not None)
         return found
 
-    def close(self) -> None:
-        """Release resources held by the store (sessions, pools). Idempotent."""
+
+def beneath(store: PlanStore) -> Iterator[PlanStore]:
+    """``store`` and the stores it forwards to, outermost first (a ``LazyStore`` is opened
+    on the way, within its bound)."""
+    while True:
+        yield store
+        if not isinstance(store, ForwardingStore):
+            return
+        store = store.inner
 
 
 class ForwardingStore(PlanStore):
@@ -391,8 +397,8 @@ class ForwardingStore(PlanStore):
     write guard) and reaches it through its public methods only. Every public method goes to
     ``inner`` unless a subclass overrides it, except ``put`` and ``retract``, which stay
     ``put_merged``'s and ``rewrite``'s (``PlanStore``'s): an override of those two covers
-    them. The keyring goes to ``inner`` too. A forwarding store runs no compare-and-swap loop
-    of its own, so its primitives are never called (they raise ``TypeError``)."""
+    them. The keyring and the object layer go to ``inner`` too: a forwarding store runs no
+    compare-and-swap loop of its own."""
 
     @property
     @abstractmethod
@@ -448,8 +454,18 @@ class ForwardingStore(PlanStore):
     def close(self) -> None:
         self.inner.close()
 
-    def _no_primitives(self, *args: object) -> NoReturn:
-        raise TypeError(f"{type(self).__name__} forwards to its inner store: it has no primitives")
+    # -- the object layer goes to ``inner`` too ----------------------------------------------
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        return self.inner.read_object(name, limit)
 
-    # one stand-in for the six (each signature differs; none of them is ever called)
-    _read = _create = _replace = _delete_if = _delete = _list = _no_primitives  # type: ignore[assignment]
+    def open_object(self, name: str) -> Opened | None:
+        return self.inner.open_object(name)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        return self.inner.write_object(name, chunks, mode)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        return self.inner.delete_object(name, version)
+
+    def list_objects(self, prefix: str) -> Iterator[str]:
+        return self.inner.list_objects(prefix)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, open_store
-from plancache.backends._remote import ObjectStore
+from plancache.backends._remote import RemoteStore
 from plancache.backends.local import LocalStore
 from plancache.config import Settings
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
@@ -102,12 +102,12 @@ def _listing(backend: str, page: Callable[[int], bytes]) -> Respond:
     return respond
 
 
-def _store(backend: str, endpoint: str) -> ObjectStore:
+def _store(backend: str, endpoint: str) -> RemoteStore:
     if backend == "s3":
         store = open_store("s3://hostile/p", endpoint_url=endpoint)
     else:
         store = open_store("gs://hostile/p", endpoint_url=endpoint, token="anon")
-    assert isinstance(store, ObjectStore)
+    assert isinstance(store, RemoteStore)
     return store
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
-from plancache.backends._remote import PROBE_PREFIX, ObjectStore
+from plancache.backends._remote import PROBE_PREFIX, RemoteStore
 from plancache.backends.guarded import GuardedStore, StoreIgnoresPreconditionsError, VerdictCache
 from plancache.backends.lazy import LazyStore
 from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
+from plancache.fingerprint import object_name
 from plancache.store import ForwardingStore
 from plancache.testing import GiB, make_plan
 from plancache.testing.hostile import LyingProxy
@@ -88,12 +89,14 @@ def test_a_lazy_store_waits_a_bound_then_opens_later_and_retries_failures(
     assert lazy.put(GOOD) is PutOutcome.CREATED and lazy.url == str(tmp_path)
 
 
-def test_forwarding_stores_have_no_primitives(tmp_path: Path) -> None:
-    _, _, tiered = tiers(tmp_path)
+def test_forwarding_stores_reach_the_object_layer_beneath(tmp_path: Path) -> None:
+    remote, _, tiered = tiers(tmp_path)
+    remote.put(GOOD)
     for store in (tiered, LazyStore("x", lambda: tiered)):
         assert isinstance(store, ForwardingStore)
-        with pytest.raises(TypeError, match="no primitives"):
-            store._read(FP)
+        assert list(store.list_objects("")) == list(remote.list_objects(""))
+        name = object_name(GOOD.fingerprint)
+        assert store.read_object(name, 1 << 20) == remote.read_object(name, 1 << 20)
 
 
 def test_a_lazily_opened_guard_refuses_every_write_to_a_lying_store(
@@ -107,7 +110,7 @@ def test_a_lazily_opened_guard_refuses_every_write_to_a_lying_store(
 
         def opener() -> PlanStore:
             store = open_store(url, endpoint_url=proxy.endpoint)
-            assert isinstance(store, ObjectStore)
+            assert isinstance(store, RemoteStore)
             return GuardedStore(store, VerdictCache(tmp_path))
 
         lazy = LazyStore(url, opener, open_timeout=30.0)

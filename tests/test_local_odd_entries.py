@@ -41,7 +41,7 @@ def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
     odd_store: LocalStore,
 ) -> None:
     store = odd_store
-    with pytest.raises(InvalidPlanError, match="not a plan file"):
+    with pytest.raises(InvalidPlanError, match="not a stored object"):
         within(2, lambda: store.get(PLAN.fingerprint))
     with pytest.raises(InvalidPlanError):
         within(2, lambda: store.read_raw(PLAN.fingerprint))

@@ -17,7 +17,7 @@ import pytest
 
 from plancache import PlanCache, PutOutcome
 from plancache.backends import open_store
-from plancache.backends._remote import PROBE_PREFIX, ObjectStore
+from plancache.backends._remote import PROBE_PREFIX, RemoteStore
 from plancache.backends.guarded import VERDICTS_DIR, GuardedStore, VerdictCache
 from plancache.config import Settings
 from plancache.errors import PlanStoreUnavailableError
@@ -44,7 +44,7 @@ def server(
     return f"gs://{gcs_bucket}/plans", gcs.endpoint, {"token": "anon"}
 
 
-Behind = Callable[[CountingProxy], AbstractContextManager[tuple[ObjectStore, CountingProxy]]]
+Behind = Callable[[CountingProxy], AbstractContextManager[tuple[RemoteStore, CountingProxy]]]
 
 
 @pytest.fixture
@@ -53,15 +53,15 @@ def behind(server: tuple[str, str, dict[str, Any]]) -> Iterator[Behind]:
     url, _, options = server
     proxies: list[CountingProxy] = []
 
-    class Opened(AbstractContextManager[tuple[ObjectStore, CountingProxy]]):
+    class Opened(AbstractContextManager[tuple[RemoteStore, CountingProxy]]):
         def __init__(self, proxy: CountingProxy) -> None:
             self.proxy = proxy
 
-        def __enter__(self) -> tuple[ObjectStore, CountingProxy]:
+        def __enter__(self) -> tuple[RemoteStore, CountingProxy]:
             self.proxy.start()
             proxies.append(self.proxy)
             store = open_store(url, endpoint_url=self.proxy.endpoint, **options)
-            assert isinstance(store, ObjectStore)
+            assert isinstance(store, RemoteStore)
             return store, self.proxy
 
         def __exit__(self, *exc: object) -> None:
@@ -152,7 +152,7 @@ def test_seaweedfs_passes_and_its_doctor_finds_nothing(tmp_path: Path) -> None:
         # a loaded machine slows SeaweedFS past the default 1 s reads
         options = {"endpoint_url": seaweed.endpoint, "read_timeout": 5, "timeout": 10}
         store = open_store(url, **options)
-        assert isinstance(store, ObjectStore)
+        assert isinstance(store, RemoteStore)
         for _ in range(2):  # 50 of 50 in ``python -m benchmarks.conformance``
             result = probe(store.probe_store(), timeout=30)
             assert result.verdict is Verdict.HONEST, result
@@ -173,11 +173,11 @@ def _record(cache: PlanCache, kv: int = 4) -> Any:
     return cache.record(FACTORS, kv_cache_memory_bytes=kv * GiB, free_memory_baseline=40 * GiB)
 
 
-def _bare(server: tuple[str, str, dict[str, Any]]) -> ObjectStore:
+def _bare(server: tuple[str, str, dict[str, Any]]) -> RemoteStore:
     """The store itself, on the upstream server (no proxy)."""
     url, up, options = server
     store = open_store(url, endpoint_url=up, **options)
-    assert isinstance(store, ObjectStore)
+    assert isinstance(store, RemoteStore)
     return store
 
 

@@ -112,9 +112,16 @@ def test_read_only_without_tier_refuses_writes(
     s3_proxy.reset()
     with pytest.raises(PlanStoreReadOnlyError):
         store.put(make_plan())
-    fp = make_plan().fingerprint  # the other writes change nothing: no request at all
-    assert (store.rewrite(fp, lambda p: None), store.delete_if(fp, bool)) == (None, True)
-    assert store.delete(fp) is False
+    fp = make_plan().fingerprint  # the other writes are refused too: no request at all
+    for write in (
+        lambda: store.rewrite(fp, lambda p: None),
+        lambda: store.delete_if(fp, bool),
+        lambda: store.delete(fp),
+        lambda: store.write_object("x", [b"x"]),
+        lambda: store.delete_object("x"),
+    ):
+        with pytest.raises(PlanStoreReadOnlyError, match="read-only"):
+            write()
     recorded = PlanCache(store, timeout=30.0).record(
         FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB
     )

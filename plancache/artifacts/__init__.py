@@ -8,8 +8,10 @@ stored as one object per (key, rank), ``compile_artifact_<key>_<rank>.tar``: a t
 every file with its size, sha256 and mode, optionally signed. Loading an artifact executes
 code (unpickling, ``.so`` files): only trusted artifacts are installed (``share``).
 
-Modules: ``manifest`` (the manifest, names, signatures: pure), ``archive`` (pack a directory
-into a stream; verify a stream and install it atomically), ``blobs`` (streamed objects on a
-local directory, S3 or GCS, create-if-absent), ``share`` (settings, trust, fetch and
-upload). Importing this package imports no client library.
+A kind on the object layer (``plancache.objects``): its encoding is the tar stream, its
+policy create-if-absent and trust; nothing here knows a backend. Modules: ``manifest`` (the
+manifest, names, signatures: pure), ``archive`` (pack a directory into a stream; verify a
+stream and install it atomically), ``share`` (settings, trust, fetch and upload, on the
+stack ``Settings.open_store`` builds), ``inventory`` (list, verify, copy, prune). Importing
+this package imports no client library.
 """

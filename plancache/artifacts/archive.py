@@ -27,6 +27,7 @@ import shutil
 import socket
 import stat
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -42,7 +43,8 @@ from plancache.artifacts.manifest import (
     Manifest,
     check_path,
 )
-from plancache.errors import InvalidPlanError
+from plancache.errors import ArtifactError as ArtifactError  # raised here, named there
+from plancache.errors import InvalidPlanError, UnreadableHereError
 from plancache.signing import NO_KEYS, Keyring
 
 log = logging.getLogger("plancache")
@@ -53,10 +55,9 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 INSTALLED_MANIFEST = ".plancache-manifest.json"
 """A copy of the manifest kept in an installed rank directory (names what was installed)."""
 TEMP_PREFIX = ".plancache-tmp-"
-
-
-class ArtifactError(Exception):
-    """An artifact that cannot be packed or installed (the message says why)."""
+STALE_INSTALL_S = 3600.0
+"""Age past which an install's temp directory is a killed boot's leftover (a live install
+takes seconds to minutes)."""
 
 
 class Readable(Protocol):
@@ -218,7 +219,10 @@ def _decompressing(source: Readable) -> _Stream:
     try:
         import zstandard
     except ImportError:
-        raise ArtifactError("artifact is zstd-compressed and zstandard is not installed") from None
+        raise UnreadableHereError(
+            "artifact is zstd-compressed and zstandard is not installed here "
+            "(pip install 'plancache[zstd]')"
+        ) from None
     reader = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw))  # reads by read()
     return _Stream(_Unzstd(reader, zstandard.ZstdError))
 
@@ -300,6 +304,33 @@ def install(
         return manifest if _move_in(temp, target, manifest) else None
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[Path]:
+    """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory) left
+    more than ``older_than`` seconds ago: their boots were killed mid-install."""
+    cutoff = time.time() - older_than
+    try:
+        entries = list(os.scandir(target))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in entries:
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
+                out.append(Path(entry.path))
+    return out
+
+
+def remove_partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> int:
+    """Remove what ``partial_installs`` finds; how many were removed."""
+    stale = partial_installs(target, older_than)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return len(stale)
 
 
 def _extract(stream: _Stream, temp: Path, entry: Entry) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from plancache.errors import InvalidPlanError
+from plancache.errors import InvalidPlanError, UnreadableHereError
 from plancache.plan import Signature
 from plancache.signing import Keyring, Verdict
 
@@ -176,8 +176,15 @@ class Manifest:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise InvalidPlanError(f"artifact manifest is not JSON: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise InvalidPlanError("not an artifact manifest of format 1")
+        if not isinstance(obj, dict):
+            raise InvalidPlanError("not an artifact manifest")
+        form = obj.get("format")
+        if isinstance(form, int) and not isinstance(form, bool) and form > FORMAT:
+            raise UnreadableHereError(
+                f"artifact manifest of format {form}, newer than this plancache reads ({FORMAT})"
+            )
+        if form != FORMAT:
+            raise InvalidPlanError(f"not an artifact manifest of format {FORMAT}")
         rank = check_rank(obj.get("rank"))
         files = obj.get("files")
         if not isinstance(files, list) or len(files) > MAX_FILES:
@@ -207,5 +214,8 @@ class Manifest:
             None if sig is None else Signature.from_dict(sig),
         )
         if manifest.total_size > max_bytes:
-            raise InvalidPlanError(f"artifact of {manifest.total_size} bytes, over {max_bytes}")
+            raise UnreadableHereError(
+                f"artifact of {manifest.total_size} bytes, over {max_bytes} (this process's "
+                "cap, PLANCACHE_COMPILE_MAX_BYTES)"
+            )
         return manifest

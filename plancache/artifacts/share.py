@@ -13,22 +13,28 @@ Settings (besides the plans' ``PLANCACHE_URL``, local tier, read-only mode and k
 
 Trust: with any signing or verify key configured, only artifacts validly signed by an
 accepted key are installed, from any store. Without a key, artifacts from a local store or
-the local tier are installed (trusted as vLLM's own cache directory is), and artifacts from a
-remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``, and never unsigned from a
-store the conformance probe found to ignore write preconditions (``plancache.probe``).
+the local tier are installed only where no other user could have written them (the
+directory and the file owned by this user or root, neither writable by group or others:
+``backends.local.foreign_writers``; else refused with one warning naming the place and the
+fix), and artifacts from a remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``, and
+never unsigned from a store the conformance probe found to ignore write preconditions
+(``plancache.probe``).
 
-Lying stores: a remote object store is written (uploads, retractions) only when the
-conformance probe found it honest, as plans are (``backends.guarded``), unless
+Lying stores: the store is opened as plans' is (``Settings.open_store``: lazily, behind the
+conformance guard, read-only mode), so a remote object store is written (uploads,
+retractions) only when the conformance probe found it honest (``backends.guarded``), unless
 ``PLANCACHE_TRUST_PRECONDITIONS=1``; the probe runs on the upload's background thread, never
 on a fetch's path, which reads only a verdict already known.
 
 Stores: the local tier first (when one is configured), then the store ``PLANCACHE_URL``
 names. An upload writes the remote store (never in read-only mode), then the local tier,
-each create-if-absent: the first artifact stored for a key serves everyone.
+each create-if-absent: the first artifact stored for a key serves everyone. A retraction
+deletes only the version it judged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -40,17 +46,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plancache import background
-from plancache.artifacts.archive import ArtifactError, Readable, install, pack, read_manifest
-from plancache.artifacts.blobs import Blobs, LocalBlobs, blobs_for
+from plancache.artifacts.archive import (
+    Readable,
+    install,
+    pack,
+    read_manifest,
+    remove_partial_installs,
+)
 from plancache.artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
-from plancache.backends.guarded import GuardedStore, open_guarded
+from plancache.backends.guarded import GuardedStore
+from plancache.backends.tiered import TieredStore
 from plancache.background import Job
 from plancache.config import Settings, is_remote
-from plancache.errors import ConfigError, PlanStoreError
+from plancache.errors import ArtifactError, ConfigError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.objects import ObjectLayer, Opened
 from plancache.observation import Observation
 from plancache.parse import parse_bool, parse_timeout
 from plancache.probe import Verdict as StoreVerdict
 from plancache.signing import Verdict
+from plancache.store import PlanStore, beneath
 
 log = logging.getLogger("plancache")
 
@@ -134,65 +148,78 @@ class _Deadline:
         return self.inner.read(n)
 
 
-class ArtifactStore:
-    """The artifacts' side of the configured stores (see the module docstring)."""
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
 
-    def __init__(self, settings: Settings, compile: CompileSettings) -> None:
+
+def warn_foreign(where: str, why: str) -> None:
+    """One warning per process and place: unsigned code from a place other users could
+    have written is refused, and how to fix it."""
+    with _warned_lock:
+        if where in _warned:
+            return
+        _warned.add(where)
+    log.warning(
+        "plancache: compile artifacts in %s are not installed unsigned: %s; make the directory "
+        "and its files this user's and not writable by group or others (chmod 755 / 644), or "
+        "sign artifacts (PLANCACHE_SIGNING_KEY)",
+        where,
+        why,
+    )
+
+
+def lies(store: PlanStore) -> bool:
+    """True if ``store`` is already known to ignore write preconditions (no probe is run:
+    a fetch's path never probes)."""
+    try:
+        guards = [s for s in beneath(store) if isinstance(s, GuardedStore)]
+    except Exception:  # cannot open the client: the fetch reports the store error
+        return False
+    known = guards[0].known() if guards and not guards[0].trust else None
+    return known is not None and known.verdict is StoreVerdict.LIES
+
+
+class ArtifactStore:
+    """The compile artifacts kind on the configured stores (see the module docstring):
+    ``store`` is the stack ``Settings.open_store`` builds (its object layer is the store
+    ``PLANCACHE_URL`` names, behind the conformance guard and read-only mode), ``local`` its
+    local tier."""
+
+    def __init__(
+        self, settings: Settings, compile: CompileSettings, store: PlanStore | None = None
+    ) -> None:
         self.settings, self.compile = settings, compile
         self.keyring = settings.keyring
-        self.local: Blobs | None = (
-            LocalBlobs(settings.local_tier) if settings.local_tier is not None else None
+        self.store = settings.open_store() if store is None else store
+        self.local: PlanStore | None = (
+            self.store.local if isinstance(self.store, TieredStore) else None
         )
-        self.remote = blobs_for(settings.url, dict(settings.storage_options))
-        self.remote_is_remote = is_remote(settings.url)
-        self._guard: GuardedStore | None = None
-        self._guard_lock = threading.Lock()
+        self.remote = is_remote(settings.url)
 
-    def guard(self) -> GuardedStore | None:
-        """The conformance guard of the remote object store (opened on first use); None for
-        a local store or other fsspec stores (not atomic anyway: see ``FsspecStore``)."""
-        with self._guard_lock:
-            if self._guard is None and self.remote_is_remote:
-                s = self.settings
-                store = open_guarded(
-                    s.url, dict(s.storage_options), s.local_dir, trust=s.trust_preconditions
-                )
-                self._guard = store if isinstance(store, GuardedStore) else None
-            return self._guard
-
-    def check_writable(self) -> None:
-        """Return if the remote store may be written; else raise ``PlanStoreError`` (it
-        ignores write preconditions, its credentials may not write, or no verdict yet)."""
-        guard = self.guard()
-        if guard is not None:
-            guard.check_writable()
-
-    def lies(self) -> bool:
-        """True if the remote store is already known to ignore write preconditions (no
-        probe is run: a fetch's path never probes)."""
-        try:
-            guard = self.guard()
-        except Exception:  # cannot open the client: the fetch reports the store error
-            return False
-        known = guard.known() if guard is not None and not guard.trust else None
-        return known is not None and known.verdict is StoreVerdict.LIES
-
-    def _sources(self) -> list[tuple[str, Blobs, bool]]:
-        """(label, blobs, trusted without a signature), in reading order."""
-        out = [("local-tier", self.local, True)] if self.local is not None else []
-        out.append(("store", self.remote, not self.remote_is_remote))
+    def _sources(self) -> list[tuple[str, ObjectLayer, bool]]:
+        """(label, object layer, local: trusted without a signature where only this user
+        or root could write it), in reading order."""
+        out: list[tuple[str, ObjectLayer, bool]] = []
+        if self.local is not None:
+            out.append(("local-tier", self.local, True))
+        out.append(("store", self.store, not self.remote))
         return out
 
-    def judge(self, manifest: Manifest, trusted: bool, avoid: frozenset[str]) -> str | None:
-        """None to install ``manifest``, else why not."""
+    def judge(
+        self, manifest: Manifest, local: bool, avoid: frozenset[str], foreign: str | None = None
+    ) -> str | None:
+        """None to install ``manifest`` (from a local source if ``local``; ``foreign``: why
+        others could have written it there), else why not."""
         if as_observation(manifest).digest in avoid:
             return "gate:crashed-before (a boot on this node died with it)"
         if self.keyring.requires_signature:
             verdict = manifest.verdict(self.keyring)
             return None if verdict is Verdict.VALID else f"invalid:signature ({verdict})"
-        if not (trusted or self.compile.trust_unsigned):
+        if local:
+            return None if foreign is None else f"untrusted: unsigned, and {foreign}"
+        if not self.compile.trust_unsigned:
             return "untrusted: unsigned, from a remote store"
-        if not trusted and self.lies():
+        if lies(self.store):
             return "untrusted: unsigned, from a store that ignores write preconditions"
         return None
 
@@ -200,36 +227,50 @@ class ArtifactStore:
         self, target: Path, key: str, rank: str, avoid: frozenset[str] = frozenset()
     ) -> Fetched:
         """Install the artifact of (key, rank) into ``target`` (vLLM's ``<key>`` directory)
-        from the first source that holds a trusted, valid one. Never raises."""
+        from the first source that holds a trusted, valid one; first removes what killed
+        installs left in ``target`` (``remove_partial_installs``). Never raises."""
         start = time.monotonic()
         deadline = start + self.compile.fetch_timeout
         name = object_name(key, rank)
         result = Fetched("miss")
-        for label, blobs, trusted in self._sources():
-            if not (trusted or self.compile.trust_unsigned or self.keyring.requires_signature):
+        with contextlib.suppress(OSError):
+            remove_partial_installs(target)
+        for label, layer, local in self._sources():
+            if not (local or self.compile.trust_unsigned or self.keyring.requires_signature):
                 result = Fetched("untrusted", source=label)
                 continue  # not even downloaded
+            opened: Opened | None = None
             try:
-                reader = blobs.open(name)
-                if reader is None:
+                opened = layer.open_object(name)
+                if opened is None:
                     continue
                 try:
                     manifest = install(
-                        _Deadline(reader, deadline),
+                        _Deadline(opened, deadline),
                         target,
                         key,
                         rank,
-                        accept=lambda m, t=trusted: self.judge(m, t, avoid),  # type: ignore[misc]
+                        accept=functools.partial(
+                            self.judge, local=local, avoid=avoid, foreign=opened.foreign
+                        ),
                         max_bytes=self.compile.max_bytes,
                     )
                 finally:
-                    reader.close()
+                    opened.close()
             except ArtifactError as exc:
                 timed_out = time.monotonic() > deadline
-                result = Fetched("timeout" if timed_out else "invalid", source=label)
-                log.warning(
-                    "plancache: compile artifact %s from %s not installed: %s", name, label, exc
-                )
+                untrusted = str(exc).startswith("artifact refused: untrusted")
+                reason = "timeout" if timed_out else "untrusted" if untrusted else "invalid"
+                result = Fetched(reason, source=label)
+                if untrusted and opened is not None and opened.foreign is not None:
+                    warn_foreign(f"{layer.url}/{name}", opened.foreign)  # once per place
+                else:
+                    log.warning(
+                        "plancache: compile artifact %s from %s not installed: %s",
+                        name,
+                        label,
+                        exc,
+                    )
                 if timed_out:
                     break
                 continue
@@ -249,6 +290,15 @@ class ArtifactStore:
         result.seconds = time.monotonic() - start
         return result
 
+    def _destinations(self) -> list[tuple[str, ObjectLayer]]:
+        """Where uploads and retractions write: the store (its object layer refuses writes
+        in read-only mode and where the conformance probe found no honest store), then the
+        local tier."""
+        out: list[tuple[str, ObjectLayer]] = [("store", self.store)]
+        if self.local is not None:
+            out.append(("local-tier", self.local))
+        return out
+
     def upload(
         self,
         root: Path,
@@ -257,17 +307,12 @@ class ArtifactStore:
         labels: dict[str, object] | None = None,
         producer: dict[str, object] | None = None,
     ) -> dict[str, bool]:
-        """Store ``root``'s (vLLM's ``<key>`` directory) artifact for ``rank``: on the remote
-        store unless read-only, then on the local tier; create-if-absent. Returns
-        {destination: created} (False: an artifact was there already). Raises
-        ``ArtifactError`` or ``PlanStoreError``."""
-        destinations: list[tuple[str, Blobs]] = []
-        if not self.settings.read_only and self._may_write():
-            destinations.append(("store", self.remote))
-        if self.local is not None:
-            destinations.append(("local-tier", self.local))
+        """Store ``root``'s (vLLM's ``<key>`` directory) artifact for ``rank``: on the store
+        (unless it refuses writes: read-only, or not found honest; logged), then on the local
+        tier; create-if-absent. Returns {destination: created} (False: an artifact was there
+        already). Raises ``ArtifactError``, or ``PlanStoreError`` from the local tier."""
         out: dict[str, bool] = {}
-        for label, blobs in destinations:
+        for label, layer in self._destinations():
             manifest, chunks = pack(
                 root,
                 key,
@@ -277,29 +322,32 @@ class ArtifactStore:
                 producer=producer,
                 max_bytes=self.compile.max_bytes,
             )
-            out[label] = blobs.create(manifest.name, chunks)
+            try:
+                out[label] = layer.write_object(manifest.name, chunks)
+            except PlanStoreReadOnlyError as exc:
+                log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
+            except PlanStoreError as exc:
+                if label == "local-tier":
+                    raise
+                log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
         return out
 
     def retract(self, key: str, rank: str, digest: str) -> list[str]:
         """Delete the stored artifact of (key, rank) where it is the one whose manifest has
-        ``digest`` (a read-only node deletes from its local tier only); the labels of the
-        stores it was deleted from."""
+        ``digest``, and only the version judged (a read-only node deletes from its local
+        tier only); the labels of the stores it was deleted from."""
         name = object_name(key, rank)
         gone = []
-        targets = [("local-tier", self.local)] if self.local is not None else []
-        if not self.settings.read_only and self._may_write():
-            targets.append(("store", self.remote))
-        for label, blobs in targets:
-            assert blobs is not None
+        for label, layer in reversed(self._destinations()):
             try:
-                reader = blobs.open(name)
-                if reader is None:
+                opened = layer.open_object(name)
+                if opened is None:
                     continue
                 try:
-                    stored = read_manifest(reader, max_bytes=self.compile.max_bytes)
+                    stored = read_manifest(opened, max_bytes=self.compile.max_bytes)
                 finally:
-                    reader.close()
-                if stored.digest == digest and blobs.delete(name):
+                    opened.close()
+                if stored.digest == digest and layer.delete_object(name, opened.version):
                     gone.append(label)
             except Exception as exc:
                 log.warning(
@@ -307,27 +355,14 @@ class ArtifactStore:
                 )
         return gone
 
-    def _may_write(self) -> bool:
-        """True if the remote store may be written now; else logs why not (once per call)."""
-        try:
-            self.check_writable()
-        except PlanStoreError as exc:
-            log.warning("plancache: compile artifacts: not written to the store: %s", exc)
-            return False
-        return True
-
     def close(self) -> None:
-        for blobs in (self.local, self.remote):
-            if blobs is not None:
-                blobs.close()
-        if self._guard is not None:
-            self._guard.close()
+        self.store.close()
 
 
 class Uploads:
     """Background uploads of one process: jobs on daemon threads (``plancache.background``),
     waited for at exit at most ``exit_wait`` seconds in all (``wait``); past it they are
-    abandoned (an abandoned upload stores nothing: see ``plancache.artifacts.blobs``)."""
+    abandoned (an abandoned upload stores nothing: see ``plancache.objects``)."""
 
     def __init__(self) -> None:
         self.jobs: list[Job[object]] = []

@@ -6,7 +6,7 @@ Backends translate their client's exceptions with ``translate``; messages name t
 the action and a status or error code, never a credential: what they copy from an error
 body is cut to a safe character set and length, and every message (the client's exceptions
 too) has the storage options' secrets and the credentials the client resolved itself
-(``ObjectStore.secrets``) masked, so an endpoint that echoes them gets nothing printed.
+(``RemoteStore.secrets``) masked, so an endpoint that echoes them gets nothing printed.
 
 The blocking work that event loop hands to threads (``getaddrinfo``: a resolver may take
 many seconds, or never answer) runs in daemon threads (``DaemonThreads``), so a lookup stuck
@@ -16,6 +16,7 @@ there never delays the exit of the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import inspect
@@ -36,11 +37,12 @@ from plancache import background
 from plancache.defaults import MAX_SECONDS
 from plancache.errors import (
     ConfigError,
+    PlancacheError,
     PlanStoreError,
     PlanStoreUnavailableError,
     UnsupportedStoreError,
 )
-from plancache.fingerprint import fingerprint_of_name, object_name
+from plancache.objects import check_name
 from plancache.redaction import MIN_SECRET_LENGTH, redact, scrub_exception, secret_values
 from plancache.store import PlanStore
 
@@ -50,7 +52,7 @@ P = ParamSpec("P")
 MAX_RETRIES = 10
 """Most retries a storage option may ask for."""
 MAX_RESOLVED = 16
-"""Resolved credentials a store masks at most (``ObjectStore.resolved``)."""
+"""Resolved credentials a store masks at most (``RemoteStore.resolved``)."""
 
 ERROR_BODY_LIMIT = 8 * 1024
 """Bytes of an error response read at most (its code and message fit in far less)."""
@@ -60,7 +62,7 @@ PROBE_PREFIX = ".plancache-probe"
 """Where under a store's prefix the conformance probe writes (``plancache.probe``)."""
 
 
-class ResponseTooLargeError(Exception):
+class ResponseTooLargeError(PlancacheError):
     """An endpoint sent a response body over the limit for its kind; the rest is not read."""
 
     def __init__(self, limit: int) -> None:
@@ -144,6 +146,34 @@ async def read_bounded(read: Callable[[int], Awaitable[bytes]], limit: int) -> b
     return b"".join(chunks)
 
 
+UPLOAD_CALL_S = 120.0
+"""Bound on one part of a streamed write (the call bound, ``CallTimeouts.total``, is sized
+for small records)."""
+
+
+class StreamReader:
+    """A streamed response body, read chunk by chunk on the store's event loop, each read
+    under the store's call bound; closing it drops the connection."""
+
+    def __init__(
+        self,
+        store: RemoteStore,
+        read: Callable[[int], Awaitable[bytes]],
+        close: Callable[[], object],
+    ) -> None:
+        self._store, self._read, self._close = store, read, close
+
+    def read(self, n: int, /) -> bytes:
+        async def chunk() -> bytes:
+            return await self._read(n)
+
+        return self._store._run("read", chunk)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._close()
+
+
 class DaemonThreads(ThreadPoolExecutor):
     """An event loop's default executor that runs each call in a daemon thread of its own.
     A ``ThreadPoolExecutor``'s threads are joined when the interpreter exits, so one stuck
@@ -179,7 +209,7 @@ def use_daemon_threads(loop: asyncio.AbstractEventLoop) -> None:
         loop.call_soon_threadsafe(loop.set_default_executor, DaemonThreads())
 
 
-class ObjectStore(PlanStore):
+class RemoteStore(PlanStore):
     """A bucket and prefix on an object store whose client runs on fsspec's event loop."""
 
     #: Objects per listing request (the services' maximum is 1000).
@@ -232,9 +262,10 @@ class ObjectStore(PlanStore):
         path = f"/{self.prefix}" if self.prefix else ""
         return f"{self.scheme}://{self.bucket}{path}"
 
-    def _key(self, fp: str) -> str:
-        """The object key of the plan under ``fp``."""
-        return f"{self.prefix}/{object_name(fp)}" if self.prefix else object_name(fp)
+    def _key(self, name: str) -> str:
+        """The key of the object ``name`` (a base name) under the prefix."""
+        check_name(name)
+        return f"{self.prefix}/{name}" if self.prefix else name
 
     def probe_store(self) -> Self:
         """This store on the same client, under ``{prefix}/.plancache-probe``: where the
@@ -243,6 +274,11 @@ class ObjectStore(PlanStore):
         other = copy.copy(self)
         other.prefix = f"{self.prefix}/{PROBE_PREFIX}" if self.prefix else PROBE_PREFIX
         return other
+
+    @abstractmethod
+    def credential_source(self) -> str:
+        """Where the client's credentials come from: its name for its method (``anon``,
+        ``env``, ...), never a secret (may open the client)."""
 
     @abstractmethod
     def endpoint(self) -> str:
@@ -260,22 +296,26 @@ class ObjectStore(PlanStore):
         return loop
 
     @abstractmethod
-    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
-        """One page of object keys under the prefix, and the next page's token (None: last)."""
+    async def _list_page(self, token: str | None, prefix: str) -> tuple[list[str], str | None]:
+        """One page of the keys that start with ``prefix`` (a whole key prefix), directly
+        under the store's prefix, and the next page's token (None: the last page)."""
 
-    def _list(self) -> Iterator[str]:
+    def list_objects(self, prefix: str) -> Iterator[str]:
         """Every page, each under the call bound; a repeated page token, more than
         ``max_list_pages`` pages or more than ``list_timeout`` seconds in all raise
         ``PlanStoreUnavailableError`` (an endpoint that never ends its listing)."""
         token: str | None = None
         seen: set[str] = set()
         deadline = time.monotonic() + self.list_timeout
+        where = self._list_prefix
         for _ in range(self.max_list_pages):
-            keys, token = self._run("list", functools.partial(self._list_page, token))
+            keys, token = self._run(
+                "list", functools.partial(self._list_page, token, where + prefix)
+            )
             for key in keys:
-                fp = fingerprint_of_name(key[len(self._list_prefix) :])
-                if fp is not None:
-                    yield fp
+                name = key[len(where) :]
+                if key.startswith(where + prefix) and name and "/" not in name:
+                    yield name
             if token is None:
                 return
             if token in seen:

@@ -1,10 +1,11 @@
 """Plans in a Google Cloud Storage bucket, through gcsfs's session and credentials.
 
 - read: one media ``GET`` (body and ``x-goog-generation`` together, hit or miss), at most
-  ``READ_LIMIT`` bytes.
+  the bytes asked; a stream (``open_object``) reads the body chunk by chunk.
 - create: multipart upload with ``ifGenerationMatch=0``; replace: the same with
-  ``ifGenerationMatch=<generation>``. A 412 means a racing writer won: the base class's
-  merge loop re-reads.
+  ``ifGenerationMatch=<generation>``. Objects over one part (``PART_BYTES``): a resumable
+  upload started under the same precondition (cancelled on failure). A 412 means a racing
+  writer won: the base class's merge loop re-reads.
 - conditional delete: ``DELETE`` with ``ifGenerationMatch=<generation>`` (412 or 404: the
   record changed or is gone). fake-gcs-server ignores the precondition and deletes whatever
   is stored (the tests put ``GCSDeletePreconditions`` in front of it).
@@ -21,6 +22,9 @@ call stalls against emulators and repeats without permissions. Other storage opt
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import itertools
 import json
 import secrets
 from collections.abc import Iterable, Mapping
@@ -34,26 +38,30 @@ from google.auth.exceptions import GoogleAuthError
 from plancache.backends._remote import (
     BODY_LIMIT,
     ERROR_BODY_LIMIT,
-    ObjectStore,
+    UPLOAD_CALL_S,
+    RemoteStore,
     ResponseTooLargeError,
+    StreamReader,
     client_option_names,
     read_bounded,
 )
 from plancache.errors import (
+    PlancacheError,
     PlanStoreError,
     PlanStoreNotFoundError,
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
+from plancache.objects import CREATE, Opened, Update, WriteMode, parts
 from plancache.redaction import scrub, scrub_exception
-from plancache.store import CONTENT_TYPE, READ_LIMIT
+from plancache.store import CONTENT_TYPE
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 REASON_CHARS = 200
 """Most characters of an error body's message that an error shows."""
 
 
-class GCSStatusError(Exception):
+class GCSStatusError(PlancacheError):
     """An unexpected HTTP status from the JSON API, with the server's one-line reason."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -77,12 +85,20 @@ def _reason(body: bytes, secrets: Iterable[str]) -> str:
     return "".join(ascii_text)[:REASON_CHARS]
 
 
+def _generation(headers: Mapping[str, str], status: int) -> int:
+    """The ``x-goog-generation`` of a read's answer (the object's version token)."""
+    generation = headers.get("x-goog-generation")
+    if generation is None or not generation.isdigit():
+        raise GCSStatusError(status, "the response carries no x-goog-generation")
+    return int(generation)
+
+
 def _bucket_missing(reason: str) -> bool:
     lowered = reason.lower()
     return "bucket" in lowered and "no such object" not in lowered
 
 
-class GCSStore(ObjectStore):
+class GCSStore(RemoteStore):
     """``gs://bucket/prefix``: atomic create and compare-and-swap on object generations."""
 
     accepted_options = client_option_names(GCSFileSystem.__init__)
@@ -102,6 +118,9 @@ class GCSStore(ObjectStore):
             ) from exc
         self._http_timeout = aiohttp.ClientTimeout(
             sock_connect=self.timeouts.connect, sock_read=self.timeouts.read
+        )
+        self._stream_timeout = aiohttp.ClientTimeout(
+            sock_connect=self.timeouts.connect, sock_read=max(self.timeouts.read, UPLOAD_CALL_S)
         )
         api = self.fs.base  # "{endpoint}/storage/v1/"
         root = api[: -len("storage/v1/")]
@@ -158,41 +177,97 @@ class GCSStore(ObjectStore):
             await asyncio.sleep(0.05)
         raise AssertionError("unreachable")
 
+    def credential_source(self) -> str:
+        method = getattr(getattr(self.fs, "credentials", None), "method", None)
+        return f"gcsfs: {method or 'unknown'}"
+
     def endpoint(self) -> str:
         return str(self.fs.base)[: -len("storage/v1/")].rstrip("/")
 
-    # -- primitives ----------------------------------------------------------------------
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
+    # -- the object layer -----------------------------------------------------------------
+    def _url(self, base: str, name: str) -> str:
+        return f"{base}/{quote(self._key(name))}"
+
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        """One media ``GET``: at most ``limit`` bytes, and the generation."""
+
         async def get() -> tuple[bytes, object] | None:
-            url = f"{self._download}/{quote(self._key(fp))}"
+            url = self._url(self._download, name)
             status, headers, body = await self._send(
-                "GET", url, params={"alt": "media"}, limit=READ_LIMIT
+                "GET", url, params={"alt": "media"}, limit=limit
             )
             if status == 404 and not _bucket_missing(_reason(body, self.secrets)):
                 return None
             if status != 200:
                 raise GCSStatusError(status, _reason(body, self.secrets))
-            generation = headers.get("x-goog-generation")
-            if generation is None:
-                raise GCSStatusError(status, "the response carries no x-goog-generation")
-            return body, int(generation)
+            return body, _generation(headers, status)
 
         return self._run("read", get)
 
-    def _upload_if_generation(
-        self,
-        fp: str,
-        data: bytes,
-        generation: int,
-        *,
-        key: str | None = None,
-        content_type: str = CONTENT_TYPE,
-    ) -> bool:
+    def open_object(self, name: str) -> Opened | None:
+        async def get() -> Any:
+            session = await self.fs._set_session()
+            self._opened = True
+            headers: dict[str, str] = {}
+            self.fs.credentials.apply(headers)
+            r = await session.get(
+                self._url(self._download, name),
+                params={"alt": "media"},
+                headers=headers,
+                timeout=self._stream_timeout,
+            )
+            if r.status == 200:
+                return r
+            body = await r.content.read(ERROR_BODY_LIMIT)
+            r.release()
+            if r.status == 404 and not _bucket_missing(_reason(body, self.secrets)):
+                return None
+            raise GCSStatusError(r.status, _reason(body, self.secrets))
+
+        response = self._run("read", get)
+        if response is None:
+            return None
+        try:
+            generation = _generation(response.headers, response.status)
+        except GCSStatusError:
+            response.close()
+            raise
+        return Opened(StreamReader(self, response.content.read, response.close), generation)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """One part: a multipart upload with ``ifGenerationMatch`` (0 to create). More: a
+        resumable upload started with the same precondition, cancelled on any failure."""
+        generation = 0 if not isinstance(mode, Update) else mode.version
+        if not isinstance(generation, int):
+            raise TypeError(f"GCS versions are generations (int), got {type(generation).__name__}")
+        stream = parts(chunks)
+        data = next(stream)
+        following = next(stream, None)
+        if following is None:
+            return self._upload_if_generation(name, data, generation)
+        session_url = self._run("write", functools.partial(self._start_upload, name, generation))
+        if not session_url:
+            return False
+        offset = 0
+        try:
+            for part in itertools.chain((following,), stream):
+                self._put_part(session_url, data, offset, None)  # not the last: total unknown
+                offset += len(data)
+                data = part
+            return self._put_part(session_url, data, offset, offset + len(data))
+        except BaseException:
+            self._cancel(session_url)
+            raise
+
+    def _content_type(self, name: str) -> str:
+        return CONTENT_TYPE if name.endswith(".json") else "application/octet-stream"
+
+    def _upload_if_generation(self, name: str, data: bytes, generation: int) -> bool:
         """Multipart upload of ``data`` only if the object's generation is ``generation``
-        (0: only if absent); False on 412. ``key``: another object than plan ``fp``'s."""
+        (0: only if absent); False on 412."""
         boundary = f"plancache-{secrets.token_hex(16)}"
-        name = self._key(fp) if key is None else key
-        meta = json.dumps({"name": name, "contentType": content_type}).encode()
+        content_type = self._content_type(name)
+        meta = json.dumps({"name": self._key(name), "contentType": content_type}).encode()
         body = b"".join(
             [
                 f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
@@ -217,23 +292,62 @@ class GCSStore(ObjectStore):
                 raise GCSStatusError(status, _reason(reply, self.secrets))
             return True
 
-        return self._run("write", post)
+        return self._run("write", post, UPLOAD_CALL_S if len(data) > BODY_LIMIT else None)
 
-    def _create(self, fp: str, data: bytes) -> bool:
-        return self._upload_if_generation(fp, data, 0)
+    async def _start_upload(self, name: str, generation: int) -> str:
+        """A resumable upload's session URL; ``""`` if the precondition failed."""
+        meta = {"name": self._key(name), "contentType": self._content_type(name)}
+        status, headers, body = await self._send(
+            "POST",
+            self._upload,
+            params={"uploadType": "resumable", "ifGenerationMatch": str(generation)},
+            headers={"Content-Type": "application/json; charset=UTF-8"},
+            data=json.dumps(meta).encode(),
+        )
+        if status == 412:
+            return ""
+        if status != 200 or "Location" not in headers:
+            raise GCSStatusError(status, _reason(body, self.secrets))
+        return str(headers["Location"])
 
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        if not isinstance(version, int):
+    def _put_part(self, url: str, data: bytes, offset: int, total: int | None) -> bool:
+        """One chunk of a resumable upload (``total``: the size, given with the last one).
+        True once the object is written, False on 412 (the precondition failed)."""
+        end = f"{offset + len(data) - 1}" if data else ""
+        span = f"bytes {offset}-{end}" if data else "bytes *"
+        content_range = f"{span}/{'*' if total is None else total}"
+
+        async def put() -> bool:
+            status, _, body = await self._send(
+                "PUT", url, headers={"Content-Range": content_range}, data=data
+            )
+            if status == 412:
+                return False
+            if (total is None and status == 308) or (total is not None and status in (200, 201)):
+                return True
+            raise GCSStatusError(status, _reason(body, self.secrets))
+
+        written: bool = self._run("write", put, UPLOAD_CALL_S)
+        return written
+
+    def _cancel(self, url: str) -> None:
+        async def cancel() -> None:
+            await self._send("DELETE", url)
+
+        with contextlib.suppress(Exception):
+            self._run("write", cancel)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """``DELETE``, with ``ifGenerationMatch`` when ``version`` is given (412 or 404:
+        changed or gone)."""
+        if version is not None and not isinstance(version, int):
             raise TypeError(f"GCS versions are generations (int), got {type(version).__name__}")
-        return self._upload_if_generation(fp, data, version)
-
-    def _delete_object(self, fp: str, params: Mapping[str, str]) -> bool:
-        """``DELETE`` the object with the preconditions ``params``; False if it is absent
-        (or, with a precondition, on 412)."""
+        params = {} if version is None else {"ifGenerationMatch": str(version)}
 
         async def delete() -> bool:
-            url = f"{self._objects}/{quote(self._key(fp))}"
-            status, _, body = await self._send("DELETE", url, params=params)
+            status, _, body = await self._send(
+                "DELETE", self._url(self._objects, name), params=params
+            )
             missing = status == 404 and not _bucket_missing(_reason(body, self.secrets))
             if missing or (status == 412 and params):
                 return False
@@ -243,17 +357,9 @@ class GCSStore(ObjectStore):
 
         return self._run("delete", delete)
 
-    def _delete_if(self, fp: str, version: object) -> bool:
-        if not isinstance(version, int):
-            raise TypeError(f"GCS versions are generations (int), got {type(version).__name__}")
-        return self._delete_object(fp, {"ifGenerationMatch": str(version)})
-
-    def _delete(self, fp: str) -> bool:
-        return self._delete_object(fp, {})
-
-    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
+    async def _list_page(self, token: str | None, prefix: str) -> tuple[list[str], str | None]:
         params = {
-            "prefix": self._list_prefix,
+            "prefix": prefix,
             "delimiter": "/",
             "fields": "items/name,nextPageToken",
             "maxResults": str(self.list_page_size),

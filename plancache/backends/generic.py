@@ -15,9 +15,13 @@ objects). The version token is the record's sha256.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -29,12 +33,20 @@ from plancache.errors import (
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
-from plancache.fingerprint import fingerprint_of_name, object_name
+from plancache.objects import CREATE, Opened, Update, WriteMode, check_name
 from plancache.redaction import redact, scrub, scrub_exception, secret_values
-from plancache.store import READ_LIMIT, PlanStore, content_version
+from plancache.store import PlanStore, content_version
 
 log = logging.getLogger("plancache")
 _WRITE_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The version token of a read of at most ``limit`` bytes: their sha256."""
+
+    digest: str
+    limit: int
 
 
 class FsspecStore(PlanStore):
@@ -66,8 +78,8 @@ class FsspecStore(PlanStore):
     def __repr__(self) -> str:
         return f"FsspecStore({self.url!r}, {self._options!r})"
 
-    def _path(self, fp: str) -> str:
-        return f"{self.root}/{object_name(fp)}"
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{check_name(name)}"
 
     def _error(self, exc: Exception, action: str) -> PlanStoreError:
         where = f"{self.url}: {action}"
@@ -80,54 +92,88 @@ class FsspecStore(PlanStore):
             return PlanStoreUnavailableError(f"{where}: {type(exc).__name__}", cause=exc)
         return PlanStoreError(f"{where}: {type(exc).__name__}: {exc}", cause=exc)
 
-    # -- primitives ----------------------------------------------------------------------
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
+    # -- the object layer -----------------------------------------------------------------
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
         try:
-            with self.fs.open(self._path(fp), "rb") as f:
-                data: bytes = f.read(READ_LIMIT)
+            with self.fs.open(self._path(name), "rb") as f:
+                data: bytes = f.read(limit)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise self._error(exc, "read") from exc
-        return data, content_version(data)
+        return data, _Read(content_version(data), limit)
 
-    def _write(self, fp: str, data: bytes) -> None:
+    def open_object(self, name: str) -> Opened | None:
+        """The version token is the stored bytes' sha256, read here once to the end (a
+        stream that follows reads the file again)."""
+        found = self._digest(name)
+        if found is None:
+            return None
         try:
-            self.fs.pipe_file(self._path(fp), data)
+            f = self.fs.open(self._path(name), "rb")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error(exc, "read") from exc
+        return Opened(f, found)
+
+    def _digest(self, name: str) -> str | None:
+        """The sha256 of object ``name``'s bytes, read in chunks; None if it is absent."""
+        digest = hashlib.sha256()
+        try:
+            with self.fs.open(self._path(name), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error(exc, "read") from exc
+        return digest.hexdigest()
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """Streams to a temp object, then, under the process's lock, checks ``mode`` and
+        moves it into place."""
+        final = self._path(name)
+        temp = f"{self.root}/.{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            with self.fs.open(temp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+            with _WRITE_LOCK:
+                if isinstance(mode, Update):
+                    if not self._matches(name, mode.version):
+                        return False
+                elif self.fs.exists(final):
+                    return False
+                self.fs.mv(temp, final)
+                return True
         except OSError as exc:
             raise self._error(exc, "write") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                if self.fs.exists(temp):
+                    self.fs.rm_file(temp)
 
-    def _create(self, fp: str, data: bytes) -> bool:
+    def delete_object(self, name: str, version: object | None = None) -> bool:
         with _WRITE_LOCK:
-            if self._read(fp) is not None:
+            if version is not None and not self._matches(name, version):
                 return False
-            self._write(fp, data)
-            return True
-
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        with _WRITE_LOCK:
-            current = self._read(fp)
-            if current is None or current[1] != version:
-                return False
-            self._write(fp, data)
-            return True
-
-    def _delete_if(self, fp: str, version: object) -> bool:
-        with _WRITE_LOCK:
-            current = self._read(fp)
-            return current is not None and current[1] == version and self._delete(fp)
-
-    def _delete(self, fp: str) -> bool:
-        with _WRITE_LOCK:
             try:
-                self.fs.rm_file(self._path(fp))
+                self.fs.rm_file(self._path(name))
             except FileNotFoundError:
                 return False
             except OSError as exc:
                 raise self._error(exc, "delete") from exc
             return True
 
-    def _list(self) -> Iterator[str]:
+    def _matches(self, name: str, version: object) -> bool:
+        """True if object ``name`` is still the version ``version`` names."""
+        if isinstance(version, _Read):
+            found = self.read_object(name, version.limit)
+            return found is not None and found[1] == version
+        return self._digest(name) == version
+
+    def list_objects(self, prefix: str) -> Iterator[str]:
         try:
             paths = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -135,4 +181,4 @@ class FsspecStore(PlanStore):
         except OSError as exc:
             raise self._error(exc, "list") from exc
         names = (str(p).rstrip("/").rpartition("/")[2] for p in paths)
-        return (fp for fp in map(fingerprint_of_name, names) if fp is not None)
+        return iter(sorted(n for n in names if n.startswith(prefix) and not n.startswith(".")))

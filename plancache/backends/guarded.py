@@ -1,11 +1,12 @@
 """Never write through a store that ignores the preconditions of conditional writes.
 
-``GuardedStore`` wraps an object store. Reads and listings go straight through: no probe
-ever runs on a lookup's path. The first write (a put, rewrite or delete, also one that the
-stored record turns into no write at all) starts the conformance probe (``plancache.probe``)
-in a daemon thread, unless a fresh verdict for this store (URL and endpoint) is cached in the
-local directory, and waits for the verdict (at most the probe's own bound,
-``PROBE_TIMEOUT_S``). Then, per verdict:
+``GuardedStore`` wraps a remote store. Reads and listings go straight through: no probe
+ever runs on a lookup's path. The first write of any kind (a put, rewrite or delete of a
+plan, also one that the stored record turns into no write at all; an object written or
+deleted through the object layer, e.g. a compile artifact) starts the conformance probe
+(``plancache.probe``) in a daemon thread, unless a fresh verdict for this store (URL and
+endpoint) is cached in the local directory, and waits for the verdict (at most the probe's
+own bound, ``PROBE_TIMEOUT_S``). Then, per verdict:
 
 - ``honest``: writes go through;
 - ``lies``: one ERROR line names the store and the step that failed, and every write raises
@@ -30,7 +31,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,11 @@ import orjson
 
 from plancache import background
 from plancache.backends import open_store
-from plancache.backends._remote import ObjectStore
+from plancache.backends._remote import RemoteStore
 from plancache.background import Job
 from plancache.errors import PlanStoreReadOnlyError, PlanStoreUnavailableError
+from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreconditionsError
+from plancache.objects import CREATE, WriteMode
 from plancache.plan import Plan
 from plancache.probe import PROBE_TIMEOUT_S, ProbeResult, Verdict, probe
 from plancache.redaction import scrub
@@ -57,10 +60,6 @@ RETRY_S = 60.0
 TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
 """The setting that writes without (or despite) the probe."""
 _KEPT = (Verdict.HONEST, Verdict.LIES)
-
-
-class StoreIgnoresPreconditionsError(PlanStoreReadOnlyError):
-    """The store was found to ignore a write precondition: nothing is written to it."""
 
 
 class VerdictCache:
@@ -109,7 +108,7 @@ class VerdictCache:
             log.warning("plancache: conformance verdict not cached in %s: %s", self.directory, exc)
 
 
-def identity(store: ObjectStore) -> str:
+def identity(store: RemoteStore) -> str:
     """What a verdict is about: the store's URL and the endpoint its client talks to."""
     return f"{store.url}\n{store.endpoint()}"
 
@@ -121,7 +120,7 @@ class GuardedStore(ForwardingStore):
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: RemoteStore,
         verdicts: VerdictCache | None,
         *,
         trust: bool = False,
@@ -165,6 +164,14 @@ class GuardedStore(ForwardingStore):
     def delete(self, fp: str) -> bool:
         self.check_writable()
         return super().delete(fp)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        self.check_writable()
+        return super().write_object(name, chunks, mode)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        self.check_writable()
+        return super().delete_object(name, version)
 
     def check_writable(self) -> None:
         """Return if the store may be written; else raise what the verdict says (see the
@@ -263,7 +270,7 @@ def open_guarded(
     whose verdicts are cached under ``local_dir`` (None: in memory only); other stores as
     they are."""
     store = open_store(url, **storage_options)
-    if not isinstance(store, ObjectStore):
+    if not isinstance(store, RemoteStore):
         return store
     verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
     return GuardedStore(store, verdicts, trust=trust)

@@ -33,7 +33,8 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from plancache.defaults import default_dir
@@ -44,7 +45,7 @@ from plancache.errors import (
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
-from plancache.fingerprint import OBJECT_PREFIX, fingerprint_of_name, object_name
+from plancache.objects import CREATE, Opened, Update, WriteMode, check_name
 from plancache.store import READ_LIMIT, PlanStore
 
 TEMP_SUFFIX = ".tmp"
@@ -97,20 +98,52 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _read_at_most(fd: int, size: int) -> bytes:
-    """At most ``READ_LIMIT`` bytes of ``fd``: in one read where the file still has the
-    ``size`` its ``fstat`` gave (a file that grew meanwhile reads as is), else to its end."""
-    data = os.read(fd, size if 0 < size < READ_LIMIT else READ_LIMIT)
+def _read_at_most(fd: int, size: int, limit: int = READ_LIMIT) -> bytes:
+    """At most ``limit`` bytes of ``fd``: in one read where the file still has the ``size``
+    its ``fstat`` gave (a file that grew meanwhile reads as is), else to its end."""
+    data = os.read(fd, size if 0 < size < limit else limit)
     if len(data) == size or not data:
         return data
     chunks, got = [data], len(data)
-    while got < READ_LIMIT:
-        chunk = os.read(fd, READ_LIMIT - got)
+    while got < limit:
+        chunk = os.read(fd, limit - got)
         if not chunk:
             break
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _Content:
+    """A local object's version token when it is read whole or in part: the bytes read, and
+    whether they were all it held."""
+
+    data: bytes
+    whole: bool
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """A local object's version token when it is streamed: which file it is and its state."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def foreign_writers(directory: Path, st: os.stat_result) -> str | None:
+    """Why users other than this one (or root) could have written the file ``st`` (an
+    ``fstat``) in ``directory``: the file or the directory is owned by another user, or the
+    group or others may write it; None if only this user or root could. The crash marks'
+    rule, for every kind that is loaded as code."""
+    me = os.geteuid()
+    try:
+        dir_st = os.stat(directory)
+    except OSError as exc:
+        return f"{directory}: cannot stat ({exc.strerror or exc})"
+    for what, s in (("directory " + str(directory), dir_st), ("its file", st)):
+        if s.st_uid not in (me, 0):
+            return f"{what} is owned by uid {s.st_uid}"
+        if s.st_mode & 0o022:
+            return f"{what} is writable by its group or others (mode {stat.S_IMODE(s.st_mode):04o})"
+    return None
 
 
 def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
@@ -146,13 +179,12 @@ class LocalStore(PlanStore):
     def url(self) -> str:
         return str(self.root)
 
-    def _path(self, fp: str) -> Path:
-        return self.root / object_name(fp)
-
-    # -- primitives -----------------------------------------------------------------------
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
-        """Raises ``InvalidPlanError`` for an entry that is not a regular file."""
-        path = self._dir + object_name(fp)
+    # -- the object layer -----------------------------------------------------------------
+    def _open_regular(self, name: str) -> tuple[int, os.stat_result] | None:
+        """A read-only descriptor of the regular file ``name`` and its ``fstat`` (never
+        following a link or waiting on a FIFO); None if absent. Raises ``InvalidPlanError``
+        for an entry that is not a regular file."""
+        path = self._dir + check_name(name)
         try:
             fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
         except FileNotFoundError:
@@ -162,34 +194,128 @@ class LocalStore(PlanStore):
                 return None
             odd = _odd(path) if exc.errno in (errno.ELOOP, errno.ENXIO) else None
             if odd is not None:
-                raise InvalidPlanError(f"{path} is {_kind(odd.st_mode)}, not a plan file") from None
+                raise InvalidPlanError(
+                    f"{path} is {_kind(odd.st_mode)}, not a stored object"
+                ) from None
             raise _store_error(Path(path), "read", exc) from exc
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a plan file")
-            data = _read_at_most(fd, st.st_size)
         except OSError as exc:
+            os.close(fd)
             raise _store_error(Path(path), "read", exc) from exc
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a stored object")
+        return fd, st
+
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        """The bytes read are their own version token (no hash on every read)."""
+        opened = self._open_regular(name)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            data = _read_at_most(fd, st.st_size, limit)
+        except OSError as exc:
+            raise _store_error(self.root / name, "read", exc) from exc
         finally:
             os.close(fd)
-        return data, data  # the bytes are their own version token: no hash on every read
+        return data, _Content(data, len(data) < limit)
 
-    def _write_temp(self, fp: str, data: bytes) -> Path:
-        """A fsynced temp file in the store directory holding ``data``; caller removes it."""
+    def open_object(self, name: str) -> Opened | None:
+        """The version token is the file's identity (device, inode, size, times): a replace
+        renames a new file into place. ``Opened.foreign`` says who else could have written
+        it (``foreign_writers``)."""
+        opened = self._open_regular(name)
+        if opened is None:
+            return None
+        fd, st = opened
+        foreign = foreign_writers(self.root, st)
+        return Opened(os.fdopen(fd, "rb"), _identity(st), foreign)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """Create: a temp file then ``link`` (an entry that is not a regular file, e.g. a
+        dangling link or a FIFO, is replaced). Update: under the lock, ``os.replace``."""
+        path = str(self.root / check_name(name))
+        tmp = self._write_temp(name, chunks)
+        try:
+            if isinstance(mode, Update):
+                with self._locked() as still_locked:
+                    if not self._is_version(name, mode.version) or not still_locked():
+                        return False
+                    os.replace(tmp, path)
+            else:
+                for _ in range(2):
+                    try:
+                        os.link(tmp, path)
+                        break
+                    except FileExistsError:
+                        if not self._remove_odd(path):
+                            return False
+                else:
+                    return False
+        except OSError as exc:
+            raise _store_error(Path(path), "write", exc) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._sync_dir()
+        return True
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """Without ``version``, removes whatever entry has the name (links are not
+        followed)."""
+        path = str(self.root / check_name(name))
+        if not os.path.lexists(path):
+            return False
+        with self._locked() as still_locked:
+            if version is not None and (not self._is_version(name, version) or not still_locked()):
+                return False
+            try:
+                _remove(path) if version is None else os.unlink(path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise _store_error(Path(path), "delete", exc) from exc
+        self._sync_dir()
+        return True
+
+    def list_objects(self, prefix: str) -> Iterator[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return iter(())
+        except OSError as exc:
+            raise _store_error(self.root, "list", exc) from exc
+        return iter(sorted(n for n in names if n.startswith(prefix) and not n.startswith(".")))
+
+    def _is_version(self, name: str, version: object) -> bool:
+        """True if object ``name`` is still the one ``version`` names (its bytes, from
+        ``read_object``, or its identity, from ``open_object``)."""
+        if isinstance(version, _Content):
+            limit = len(version.data) + 1 if version.whole else len(version.data)
+            current = self.read_object(name, limit)
+            return current is not None and current[0] == version.data
+        try:
+            return _identity(os.lstat(self.root / name)) == version
+        except FileNotFoundError:
+            return False
+
+    def _write_temp(self, name: str, chunks: Iterable[bytes]) -> Path:
+        """A fsynced temp file in the store directory holding ``chunks``; caller removes it."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _store_error(self.root, "create directory", exc) from exc
-        prefix = f".{object_name(fp)}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(4)}."
+        prefix = f".{name}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(4)}."
         try:
-            fd, name = tempfile.mkstemp(dir=self.root, prefix=prefix, suffix=TEMP_SUFFIX)
+            fd, temp = tempfile.mkstemp(dir=self.root, prefix=prefix, suffix=TEMP_SUFFIX)
         except OSError as exc:
             raise _store_error(self.root, "create a temp file", exc) from exc
-        tmp = Path(name)
+        tmp = Path(temp)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o644)
@@ -200,27 +326,6 @@ class LocalStore(PlanStore):
             tmp.unlink(missing_ok=True)
             raise
         return tmp
-
-    def _create(self, fp: str, data: bytes) -> bool:
-        """Also replaces an entry that is not a regular file (a dangling link, a FIFO, ...)."""
-        tmp = self._write_temp(fp, data)
-        path = str(self._path(fp))
-        try:
-            for _ in range(2):
-                try:
-                    os.link(tmp, path)
-                    break
-                except FileExistsError:
-                    if not self._remove_odd(path):
-                        return False
-            else:
-                return False
-        except OSError as exc:
-            raise _store_error(self._path(fp), "create", exc) from exc
-        finally:
-            tmp.unlink(missing_ok=True)
-        self._sync_dir()
-        return True
 
     def _remove_odd(self, path: str) -> bool:
         """Remove the entry at ``path`` if it is not a regular file; True if one was removed."""
@@ -235,61 +340,6 @@ class LocalStore(PlanStore):
             with contextlib.suppress(FileNotFoundError):
                 _remove(path)
         return True
-
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        with self._locked() as still_locked:
-            current = self._read(fp)
-            if current is None or current[1] != version:
-                return False
-            tmp = self._write_temp(fp, data)
-            try:
-                if not still_locked():  # the lock file was replaced: another may hold it
-                    return False
-                os.replace(tmp, self._path(fp))
-            except OSError as exc:
-                raise _store_error(self._path(fp), "replace", exc) from exc
-            finally:
-                tmp.unlink(missing_ok=True)
-        self._sync_dir()
-        return True
-
-    def _delete_if(self, fp: str, version: object) -> bool:
-        with self._locked() as still_locked:
-            current = self._read(fp)
-            if current is None or current[1] != version or not still_locked():
-                return False
-            try:
-                os.unlink(self._path(fp))
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise _store_error(self._path(fp), "delete", exc) from exc
-        self._sync_dir()
-        return True
-
-    def _delete(self, fp: str) -> bool:
-        """Removes whatever entry has the plan's name (links are not followed)."""
-        path = str(self._path(fp))
-        if not os.path.lexists(path):
-            return False
-        with self._locked():
-            try:
-                _remove(path)
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise _store_error(self._path(fp), "delete", exc) from exc
-        self._sync_dir()
-        return True
-
-    def _list(self) -> Iterator[str]:
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return iter(())
-        except OSError as exc:
-            raise _store_error(self.root, "list", exc) from exc
-        return (fp for fp in map(fingerprint_of_name, names) if fp is not None)
 
     # -- helpers ---------------------------------------------------------------------------
     def _sync_dir(self) -> None:
@@ -353,13 +403,12 @@ class LocalStore(PlanStore):
                 pause = min(pause * 2, 0.05)
 
     def temp_files(self) -> list[Path]:
-        """Temp files in the store directory (in-flight or abandoned writes); entries with a
-        temp name that are not regular files (never written by plancache) are left alone."""
+        """Temp files in the store directory (in-flight or abandoned writes of any kind);
+        entries with a temp name that are not regular files (never written by plancache) are
+        left alone."""
         try:
             names = [
-                n
-                for n in os.listdir(self.root)
-                if n.startswith("." + OBJECT_PREFIX) and n.endswith(TEMP_SUFFIX)
+                n for n in os.listdir(self.root) if n.startswith(".") and n.endswith(TEMP_SUFFIX)
             ]
         except FileNotFoundError:
             return []

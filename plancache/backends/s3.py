@@ -1,9 +1,12 @@
 """Plans in an S3 bucket (or any S3-compatible store), through s3fs's aiobotocore client.
 
-- read: one ``GetObject`` (body and ETag together, hit or miss), at most ``READ_LIMIT`` bytes.
+- read: one ``GetObject`` (body and ETag together, hit or miss), at most the bytes asked; a
+  stream (``open_object``) reads the body chunk by chunk.
 - create: ``PutObject`` with ``If-None-Match: *``; replace: ``PutObject`` with
-  ``If-Match: <etag>``. A 412, or AWS's 409 ``ConditionalRequestConflict``, means a racing
-  writer won: the base class's merge loop re-reads.
+  ``If-Match: <etag>``. Objects over one part (``PART_BYTES``) are multipart uploads
+  completed under the same condition (aborted on failure). A 412, or AWS's 409
+  ``ConditionalRequestConflict``, means a racing writer won: the base class's merge loop
+  re-reads.
 - conditional delete: ``DeleteObject`` with ``If-Match: <etag>`` (AWS honours it in general
   purpose buckets since September 2025, and moto does; a 412 or 404 means the record changed
   or is gone). A service that ignores the header deletes whatever is stored.
@@ -18,7 +21,11 @@ Other storage options go to ``s3fs.S3FileSystem`` (``endpoint_url``, ``key``, ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import itertools
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
@@ -40,8 +47,10 @@ from botocore.exceptions import (
 from plancache.backends._remote import (
     BODY_LIMIT,
     ERROR_BODY_LIMIT,
-    ObjectStore,
+    UPLOAD_CALL_S,
+    RemoteStore,
     ResponseTooLargeError,
+    StreamReader,
     client_option_names,
     read_bounded,
 )
@@ -51,7 +60,8 @@ from plancache.errors import (
     PlanStorePermissionError,
     PlanStoreUnavailableError,
 )
-from plancache.store import CONTENT_TYPE, READ_LIMIT
+from plancache.objects import CREATE, Opened, Update, WriteMode, parts
+from plancache.store import CONTENT_TYPE
 
 DENIED = {
     "AccessDenied",
@@ -120,7 +130,7 @@ class CappedSession(AIOHTTPSession):  # type: ignore[misc]
         return response
 
 
-class S3Store(ObjectStore):
+class S3Store(RemoteStore):
     """``s3://bucket/prefix``: atomic create and compare-and-swap by conditional ``PutObject``."""
 
     accepted_options = client_option_names(s3fs.S3FileSystem.__init__, AioSession.__init__)
@@ -136,15 +146,20 @@ class S3Store(ObjectStore):
         )
         config["http_session_cls"] = CappedSession
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
-        self._opened = False
+        # streams (a part's upload, completing a large upload, a body read chunk by chunk)
+        # wait longer per attempt than the read timeout sized for plans allows
+        bulk = {**config, "read_timeout": max(self.timeouts.read, UPLOAD_CALL_S)}
+        self._bulk = s3fs.S3FileSystem(config_kwargs=bulk, skip_instance_cache=True, **options)
+        self._opened: set[Any] = set()
 
-    async def _client(self) -> Any:
-        """The client; the credentials botocore's chain resolved for it are masked in every
-        message from now on (``resolved``)."""
-        self._opened = True
-        client = await self.fs.set_session()
+    async def _client(self, *, bulk: bool = False) -> Any:
+        """The client (``bulk``: the one for streams); the credentials botocore's chain
+        resolved for it are masked in every message from now on (``resolved``)."""
+        fs = self._bulk if bulk else self.fs
+        self._opened.add(fs)
+        client = await fs.set_session()
         if not self._credentials_given:
-            credentials = await self.fs.session.get_credentials()  # the client's, cached
+            credentials = await fs.session.get_credentials()  # the client's, cached
             if credentials is not None:
                 frozen = await credentials.get_frozen_credentials()
                 self.resolved(frozen.access_key, frozen.secret_key, frozen.token)
@@ -158,92 +173,175 @@ class S3Store(ObjectStore):
         given = any(k in (fs.client_kwargs or {}) for k in _GIVEN_CREDENTIALS)
         return bool(fs.anon or fs.key or fs.secret or fs.token or given)
 
+    def credential_source(self) -> str:
+        fs = self.fs
+        if fs.anon:
+            return "anonymous"
+        if fs.key:
+            return "storage options (key and secret)"
+
+        async def resolve() -> str:
+            await fs.set_session()
+            creds = await fs.session.get_credentials()
+            if creds is None:
+                return "none found"
+            return f"botocore: {getattr(creds, 'method', None) or 'unknown'}"
+
+        return self._run("credentials", resolve)
+
     def endpoint(self) -> str:
         async def resolve() -> str:
             return str((await self._client()).meta.endpoint_url)
 
         return self._run("open", resolve)
 
-    # -- primitives ----------------------------------------------------------------------
-    def _read(self, fp: str) -> tuple[bytes, object] | None:
+    # -- the object layer -----------------------------------------------------------------
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        """One ``GetObject``: at most ``limit`` bytes of the body, and the ETag."""
+
         async def get() -> tuple[bytes, object] | None:
-            s3 = await self._client()
-            try:
-                resp = await s3.get_object(Bucket=self.bucket, Key=self._key(fp))
-            except ClientError as exc:
-                if _missing_key(exc):
-                    return None
-                raise
+            resp = await self._get(name)
+            if resp is None:
+                return None
             body = resp["Body"]
             try:
-                data = await read_bounded(body.read, READ_LIMIT)
+                data = await read_bounded(body.read, limit)
             finally:
                 body.close()
-            if "ETag" not in resp:
-                raise PlanStoreError(f"{self.url}: read: the response carries no ETag")
             return data, resp["ETag"]
 
         return self._run("read", get)
 
-    def _put(self, fp: str, data: bytes, condition: dict[str, str]) -> bool:
-        async def put() -> bool:
-            s3 = await self._client()
+    def open_object(self, name: str) -> Opened | None:
+        resp = self._run("read", functools.partial(self._get, name, bulk=True))
+        if resp is None:
+            return None
+        body = resp["Body"]
+        return Opened(StreamReader(self, body.read, body.close), resp["ETag"])
+
+    async def _get(self, name: str, *, bulk: bool = False) -> Any:
+        """``GetObject``'s answer (its body unread), or None if there is no such object."""
+        s3 = await self._client(bulk=bulk)
+        try:
+            resp = await s3.get_object(Bucket=self.bucket, Key=self._key(name))
+        except ClientError as exc:
+            if _missing_key(exc):
+                return None
+            raise
+        if "ETag" not in resp:
+            resp["Body"].close()
+            raise PlanStoreError(f"{self.url}: read: the response carries no ETag")
+        return resp
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """One part: a ``PutObject`` with ``If-None-Match: *`` (create) or ``If-Match``
+        (update). More: a multipart upload completed under the same condition, aborted on
+        any failure, or when the condition fails."""
+        key = self._key(name)
+        condition = (
+            {"IfMatch": str(mode.version)} if isinstance(mode, Update) else {"IfNoneMatch": "*"}
+        )
+        stream = parts(chunks)
+        first = next(stream)
+        second = next(stream, None)
+        if second is None:
+            return self._conditional(
+                "put_object", condition, Key=key, Body=first, **self._put_args(name)
+            )
+        upload_id = self._run("write", functools.partial(self._start_upload, key, name))
+        done: list[dict[str, Any]] = []
+        try:
+            for number, data in enumerate(itertools.chain((first, second), stream), 1):
+                if data or number <= 2:
+                    self._upload_part(key, upload_id, number, data, done)
+            written = self._conditional(
+                "complete_multipart_upload",
+                condition,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": done},
+            )
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+        if not written:
+            self._abort(key, upload_id)
+        return written
+
+    def _put_args(self, name: str) -> dict[str, Any]:
+        kind = CONTENT_TYPE if name.endswith(".json") else "application/octet-stream"
+        return {"ContentType": kind, **self.fs.s3_additional_kwargs}
+
+    async def _start_upload(self, key: str, name: str) -> str:
+        s3 = await self._client(bulk=True)
+        resp = await s3.create_multipart_upload(Bucket=self.bucket, Key=key, **self._put_args(name))
+        return str(resp["UploadId"])
+
+    def _upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, done: list[dict[str, Any]]
+    ) -> None:
+        async def part() -> None:
+            s3 = await self._client(bulk=True)
+            resp = await s3.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            )
+            done.append({"PartNumber": number, "ETag": resp["ETag"]})
+
+        self._run("write", part, UPLOAD_CALL_S)
+
+    def _conditional(self, call: str, condition: dict[str, str], **kwargs: Any) -> bool:
+        """The client's ``call`` under ``condition``; False if it failed (a racing writer
+        won, or the object to update is gone)."""
+
+        async def conditional() -> bool:
+            s3 = await self._client(bulk=call != "put_object")
             try:
-                await s3.put_object(
-                    Bucket=self.bucket,
-                    Key=self._key(fp),
-                    Body=data,
-                    ContentType=CONTENT_TYPE,
-                    **self.fs.s3_additional_kwargs,
-                    **condition,
-                )
+                await getattr(s3, call)(Bucket=self.bucket, **condition, **kwargs)
             except ClientError as exc:
                 if _lost_race(exc) or ("IfMatch" in condition and _missing_key(exc)):
                     return False
                 raise
             return True
 
-        return self._run("write", put)
+        bound = None if call == "put_object" else UPLOAD_CALL_S
+        written: bool = self._run("write", conditional, bound)
+        return written
 
-    def _create(self, fp: str, data: bytes) -> bool:
-        return self._put(fp, data, {"IfNoneMatch": "*"})
+    def _abort(self, key: str, upload_id: str) -> None:
+        async def abort() -> None:
+            s3 = await self._client(bulk=True)
+            await s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
-    def _replace(self, fp: str, data: bytes, version: object) -> bool:
-        return self._put(fp, data, {"IfMatch": str(version)})
+        with contextlib.suppress(Exception):
+            self._run("write", abort)
 
-    def _delete_if(self, fp: str, version: object) -> bool:
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """With ``version``: ``DeleteObject`` with ``If-Match`` (412 or 404: changed or
+        gone). Without: ``HeadObject`` (to tell whether it was there), then ``DeleteObject``."""
+        key = self._key(name)
+
         async def delete() -> bool:
             s3 = await self._client()
             try:
-                await s3.delete_object(Bucket=self.bucket, Key=self._key(fp), IfMatch=str(version))
+                if version is None:
+                    await s3.head_object(Bucket=self.bucket, Key=key)
+                    await s3.delete_object(Bucket=self.bucket, Key=key)
+                else:
+                    await s3.delete_object(Bucket=self.bucket, Key=key, IfMatch=str(version))
             except ClientError as exc:
-                if _lost_race(exc) or _missing_key(exc):
+                if _missing_key(exc) or (version is not None and _lost_race(exc)):
                     return False
                 raise
             return True
 
         return self._run("delete", delete)
 
-    def _delete(self, fp: str) -> bool:
-        async def delete() -> bool:
-            s3 = await self._client()
-            try:
-                await s3.head_object(Bucket=self.bucket, Key=self._key(fp))
-            except ClientError as exc:
-                if _missing_key(exc):
-                    return False
-                raise
-            await s3.delete_object(Bucket=self.bucket, Key=self._key(fp))
-            return True
-
-        return self._run("delete", delete)
-
-    async def _list_page(self, token: str | None) -> tuple[list[str], str | None]:
+    async def _list_page(self, token: str | None, prefix: str) -> tuple[list[str], str | None]:
         s3 = await self._client()
         extra = {"ContinuationToken": token} if token else {}
         resp = await s3.list_objects_v2(
             Bucket=self.bucket,
-            Prefix=self._list_prefix,
+            Prefix=prefix,
             Delimiter="/",
             MaxKeys=self.list_page_size,
             **extra,
@@ -258,12 +356,12 @@ class S3Store(ObjectStore):
         return keys, more or None
 
     def close(self) -> None:
-        """Close the client's connection pool (a later call opens a new one)."""
-        if self._opened:
-            self._opened = False
+        """Close the clients' connection pools (a later call opens new ones)."""
+        opened, self._opened = self._opened, set()
+        for fs in opened:
 
-            async def close() -> None:
-                await (await self.fs.set_session()).close()
+            async def close(fs: Any = fs) -> None:
+                await (await fs.set_session()).close()
 
             self._run("close", close)
 

@@ -9,15 +9,20 @@ the local tier then takes. The local tier is a cache: its failures are logged an
 a read or write that the remote served. The keyring
 (``use_keyring``) applies to both tiers: a local record without a valid signature is not
 applied, it is logged and the remote is read instead.
+
+The object layer (``read_object``, ``write_object``, ...) is the remote's; a write through it
+in read-only mode raises ``PlanStoreReadOnlyError``. Kinds that read both tiers (compile
+artifacts) reach the local tier as ``local``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.objects import CREATE, WriteMode
 from plancache.plan import Plan
 from plancache.signing import Keyring
 from plancache.store import ForwardingStore, PlanStore, Put
@@ -120,6 +125,8 @@ class TieredStore(ForwardingStore):
         ``read_only_result`` instead), then on the local tier, whose failures are logged; the
         remote's result, or in read-only mode the local tier's."""
         read_only, result = self.read_only, read_only_result
+        if read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
         if not read_only:
             try:
                 result = call(self.remote)
@@ -139,6 +146,8 @@ class TieredStore(ForwardingStore):
     def delete(self, fp: str) -> bool:
         """Remove from the remote (not in read-only mode) and from the local tier."""
         removed = False
+        if self.read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
         if not self.read_only:
             try:
                 removed = self.remote.delete(fp)
@@ -151,6 +160,21 @@ class TieredStore(ForwardingStore):
             except PlanStoreError as exc:
                 log.warning("plancache: local tier %s: %s", self.local.url, exc)
         return removed
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """The remote's object layer; ``PlanStoreReadOnlyError`` in read-only mode (the
+        local tier is a kind's to write: ``local``)."""
+        self._check_writable()
+        return self.remote.write_object(name, chunks, mode)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """As ``write_object``."""
+        self._check_writable()
+        return self.remote.delete_object(name, version)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
 
     def _get_local(self, fp: str) -> Plan | None:
         if self.local is None:

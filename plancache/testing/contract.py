@@ -26,7 +26,7 @@ import multiprocessing
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -36,6 +36,7 @@ import pytest
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
 from plancache.errors import UnsupportedSchemaError
 from plancache.merge import covers, frontier
+from plancache.objects import CREATE, Create, WriteMode
 from plancache.plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
 from plancache.testing.plans import make_plan
 from plancache.units import GiB
@@ -97,13 +98,14 @@ def _delete_any(store: PlanStore, fp: str) -> bool:
 def _count_creates(store: PlanStore) -> Counter[int]:
     """Count the creates ``store`` sends from now on, per thread."""
     count: Counter[int] = Counter()
-    create = store._create
+    write = store.write_object
 
-    def counted(fp: str, data: bytes) -> bool:
-        count[threading.get_ident()] += 1
-        return create(fp, data)
+    def counted(name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        if isinstance(mode, Create):
+            count[threading.get_ident()] += 1
+        return write(name, chunks, mode)
 
-    store._create = counted  # type: ignore[method-assign]
+    store.write_object = counted  # type: ignore[method-assign]
     return count
 
 

@@ -14,12 +14,16 @@ from typing import Any
 
 import pytest
 
+from plancache import open_store
 from plancache.artifacts.archive import pack
-from plancache.artifacts.blobs import PART_BYTES, GCSBlobs, S3Blobs, blobs_for
+from plancache.artifacts.inventory import names as artifact_names
 from plancache.artifacts.manifest import object_name
 from plancache.artifacts.share import ArtifactStore, CompileSettings, Uploads
+from plancache.backends.gcs import GCSStore
+from plancache.backends.s3 import S3Store
 from plancache.config import Settings
 from plancache.errors import ConfigError
+from plancache.objects import PART_BYTES
 from plancache.signing import Keyring
 from plancache.testing import child_env
 from plancache.testing.hostile import LyingProxy
@@ -115,12 +119,12 @@ def test_a_store_that_ignores_preconditions_gets_no_artifact_and_no_unsigned_tru
         lying = dict(options, endpoint_url=proxy.endpoint)
         node = store(url, lying, local_tier=str(tmp_path / "tier"), trust_unsigned=True)
         assert node.upload(src, KEY, RANK) == {"local-tier": True}  # the probe said "lies"
-        assert list(blobs_for(url, options).names()) == []  # not one artifact remotely
+        assert artifact_names(open_store(url, **options)) == []  # not one artifact remotely
         assert node.retract(KEY, RANK, "0" * 64) == []
-        assert node.local is not None and node.local.delete(NAME)
+        assert node.local is not None and node.local.delete_object(NAME)
         assert store(url, options).upload(src, KEY, RANK) == {"store": True}  # honest path
         refused = node.fetch(tmp_path / "b" / KEY, KEY, RANK)
-        assert refused.reason == "invalid" and not (tmp_path / "b" / KEY).exists()
+        assert refused.reason == "untrusted" and not (tmp_path / "b" / KEY).exists()
         other = "f" * 64  # another key: the store keeps the first artifact of each
         signer = store(url, options, Keyring(K1))
         assert signer.upload(make_tree(tmp_path / "s" / other), other, RANK) == {"store": True}
@@ -158,7 +162,7 @@ def test_read_only_node_fetches_and_never_writes_the_store(
     src = make_tree(tmp_path / "a" / KEY)
     reader = store(url, options, local_tier=tier, read_only=True, trust_unsigned=True)
     assert reader.upload(src, KEY, RANK) == {"local-tier": True}
-    assert list(blobs_for(url, options).names()) == []
+    assert artifact_names(open_store(url, **options)) == []
     (src / "rank_1_0").mkdir()
     (src / "rank_1_0" / "model").write_bytes(b"rank 1")
     store(url, options).upload(src, KEY, "rank_1_0")
@@ -218,11 +222,11 @@ def test_gcs_single_part_race_one_wins(tmp_path: Path, fake_gcs: FakeGCS, gcs_bu
     barrier = threading.Barrier(len(trees))
 
     def upload(tree: Path) -> None:
-        blobs = blobs_for(url, options)
+        blobs = open_store(url, **options)
         manifest, chunks = pack(tree, KEY, RANK)
         body = list(chunks)
         barrier.wait(10)
-        results.append(blobs.create(manifest.name, iter(body)))
+        results.append(blobs.write_object(manifest.name, iter(body)))
 
     threads = [threading.Thread(target=upload, args=(t,)) for t in trees]
     for t in threads:
@@ -242,7 +246,7 @@ def test_upload_killed_mid_stream_stores_nothing(
     assert node.stdout.readline().strip() == "stalled"
     node.send_signal(signal.SIGKILL)
     node.wait(30)
-    assert list(blobs_for(url, options).names()) == []
+    assert artifact_names(open_store(url, **options)) == []
     fetched = store(url, options, trust_unsigned=True).fetch(tmp_path / "x" / KEY, KEY, RANK)
     assert fetched.reason == "miss" and not (tmp_path / "x" / KEY / RANK).exists()
 
@@ -251,22 +255,22 @@ def test_stream_raising_mid_upload_stores_nothing(
     tmp_path: Path, moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     url, options = s3(moto_s3, s3_bucket)
-    blobs = blobs_for(url, options)
-    assert isinstance(blobs, S3Blobs)
+    blobs = open_store(url, **options)
+    assert isinstance(blobs, S3Store)
 
     def broken() -> Any:
         yield b"x" * (2 * PART_BYTES + 1)
         raise RuntimeError("disk went away")
 
     with pytest.raises(RuntimeError):
-        blobs.create(NAME, broken())
-    assert list(blobs.names()) == []
+        blobs.write_object(NAME, broken())
+    assert artifact_names(blobs) == []
 
 
 def test_gcs_multi_part_round_trip(tmp_path: Path, fake_gcs: FakeGCS, gcs_bucket: str) -> None:
     url, options = gcs(fake_gcs, gcs_bucket)
     src = _big_tree(tmp_path, "a")
-    assert isinstance(blobs_for(url, options), GCSBlobs)
+    assert isinstance(open_store(url, **options), GCSStore)
     shared = store(url, options, trust_unsigned=True)
     assert shared.upload(src, KEY, RANK) == {"store": True}
     assert shared.fetch(tmp_path / "b" / KEY, KEY, RANK).reason == "hit"

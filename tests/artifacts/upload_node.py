@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from plancache import open_store
 from plancache.artifacts.archive import pack
-from plancache.artifacts.blobs import blobs_for
 from tests.artifacts.helpers import KEY, RANK
 
 
@@ -37,8 +37,7 @@ def main() -> None:
         if option == "--pause-at-end":
             time.sleep(value)
 
-    blobs = blobs_for(url, options)
-    created = blobs.create(manifest.name, stalling(chunks))
+    created = open_store(url, **options).write_object(manifest.name, stalling(chunks))
     print("created" if created else "kept", flush=True)
 
 

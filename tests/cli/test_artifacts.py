@@ -7,8 +7,9 @@ import json
 import time
 from pathlib import Path
 
+from plancache import open_store
 from plancache.artifacts.archive import pack
-from plancache.artifacts.blobs import LocalBlobs, blobs_for
+from plancache.artifacts.inventory import names as artifact_names
 from plancache.artifacts.manifest import object_name
 from plancache.signing import Keyring
 from plancache.testing import child_env
@@ -23,7 +24,7 @@ def _store_artifacts(root: Path, tmp_path: Path) -> list[str]:
     tree = make_tree(tmp_path / "tree" / KEY)
     (tree / "rank_1_0").mkdir()
     (tree / "rank_1_0" / "model").write_bytes(b"rank one")
-    blobs = LocalBlobs(root)
+    blobs = open_store(str(root))
     names = []
     for rank, keyring, created in (
         ("rank_0_0", Keyring(K1), None),
@@ -32,7 +33,7 @@ def _store_artifacts(root: Path, tmp_path: Path) -> list[str]:
         manifest, chunks = pack(
             tree, KEY, rank, keyring=keyring, labels={"model": "tiny"}, created_at=created
         )
-        assert blobs.create(manifest.name, chunks)
+        assert blobs.write_object(manifest.name, chunks)
         names.append(manifest.name)
     return names
 
@@ -70,20 +71,20 @@ def test_verify_reads_every_byte_and_fix_deletes(tmp_path: Path, store: LocalFix
     assert "every byte: 1 failed" in result.stdout
     fixed = run("verify", "--fix", str(root))
     assert fixed.returncode == 0 and "(deleted)" in fixed.stdout
-    assert list(LocalBlobs(root).names()) == [names[0]]
+    assert artifact_names(open_store(str(root))) == [names[0]]
 
 
 def test_rm_and_prune(tmp_path: Path, store: LocalFixture) -> None:
     root, plans, _ = store
     names = _store_artifacts(root, tmp_path)
     assert f"would delete {names[1]}" in ok("prune", "--dry-run", "--older-than", "30d", str(root))
-    assert list(LocalBlobs(root).names()) == names
+    assert artifact_names(open_store(str(root))) == names
     pruned = ok("prune", "--older-than", "30d", str(root))
     assert "deleted 1 compile artifact older than 30d" in pruned
-    assert list(LocalBlobs(root).names()) == [names[0]]
+    assert artifact_names(open_store(str(root))) == [names[0]]
     out = ok("rm", f"{KEY[:6]}/rank_0_0", plans[0].fingerprint, "--url", str(root))
     assert f"deleted {names[0]}" in out and f"deleted {plans[0].fingerprint}" in out
-    assert list(LocalBlobs(root).names()) == []
+    assert artifact_names(open_store(str(root))) == []
     assert run("rm", f"{KEY[:6]}/rank_0_0", "--url", str(root)).returncode == 2
 
 
@@ -98,7 +99,7 @@ def test_cp_streams_artifacts_to_s3(
     assert "copied compile artifacts: 2 created, 0 kept" in out
     again = ok("cp", str(root), url, "--storage-options", json.dumps(options), env=env)
     assert "copied compile artifacts: 0 created, 2 kept" in again
-    assert sorted(blobs_for(url, options).names()) == names
+    assert artifact_names(open_store(url, **options)) == names
     listed = ok("ls", url, "--storage-options", json.dumps(options), env=env)
     assert f"{KEY[:12]}/rank_1_0" in listed
     assert object_name(KEY, "rank_0_0") in names

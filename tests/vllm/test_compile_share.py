@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from plancache import open_store
 from plancache.artifacts.archive import installed_manifest
-from plancache.artifacts.blobs import LocalBlobs
+from plancache.artifacts.inventory import names as artifact_names
 from plancache.artifacts.manifest import parse_object_name
 from plancache.artifacts.share import ArtifactStore, CompileSettings
 from plancache.config import Settings
@@ -100,7 +101,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> Cold:
     [(report, log)] = reports(node(model_dir, root, str(store), "--wait-upload", "120"))
     assert report["aot_compiles"] == 1 and report["aot_saved"] == 1, log[-3000:]
     assert not report["loaded_from_disk"] and report["equal_eager"]
-    names = list(LocalBlobs(store).names())
+    names = artifact_names(open_store(str(store)))
     assert len(names) == 1, log[-3000:]
     parsed = parse_object_name(names[0])
     assert parsed is not None and parsed[1] == "rank_0_0"
@@ -183,7 +184,7 @@ def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
         assert report["aot_compiles"] == 0 and report["equal_eager"]
         assert "rank_0_0: hit from store" in log
         assert "while the model loaded" in log  # fetched from the model's construction on
-    assert len(list(LocalBlobs(cold.store).names())) == 1  # nothing uploaded after a load
+    assert len(artifact_names(open_store(str(cold.store)))) == 1  # nothing uploaded after a load
 
 
 def test_crash_after_install_costs_one_boot_and_refusals_are_logged(

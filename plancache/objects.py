@@ -1,0 +1,129 @@
+"""The byte-level object API every backend offers (pure: no I/O libraries).
+
+One API for every kind of cached thing (plans, compile artifacts, ...), in the spirit of
+obstore's ``PutMode``: a kind is an encoding and a policy on top of it, and knows nothing
+about S3, GCS or files. Names are base names under the store's location (no ``/``).
+
+- ``read_object(name, limit)``: at most ``limit`` bytes and the version token, or None.
+- ``open_object(name)``: a bounded stream (each ``read`` bounded by the store's call bound)
+  and the version token, or None.
+- ``write_object(name, chunks, mode)``: the object from an iterator of chunks, memory
+  bounded by one part (``PART_BYTES``) whatever its size; ``CREATE`` only if absent, or
+  ``Update(version)`` only if the stored version is still ``version``. True if written,
+  False if the precondition failed (a racing writer won). Nothing is visible before the
+  last chunk: an iterator that raises, or a process killed mid-stream, leaves no object.
+- ``delete_object(name, version=None)``: remove it (only if its version is still
+  ``version``, when given); True if this call removed it.
+- ``list_objects(prefix)``: the base names that start with ``prefix``, with the listing
+  bounds (pages, time, a repeated page token).
+
+Failures raise ``PlanStoreError`` subclasses (``plancache.errors``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+PART_BYTES = 8 << 20
+"""Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
+multiples of 256 KiB)."""
+
+
+class Reader(Protocol):
+    """A stream of an object's bytes: ``read(n)`` returns the next at most ``n`` bytes
+    (``b""`` at the end)."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An object opened for reading: its stream and version token."""
+
+    reader: Reader
+    version: object
+    foreign: str | None = None
+    """Why users other than this one (or root) could have written the object (a local
+    store's file or directory that is theirs, or that group or others may write); None
+    where only they could, or where the store cannot say (an object store: its
+    credentials decide)."""
+
+    def read(self, n: int, /) -> bytes:
+        return self.reader.read(n)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+@dataclass(frozen=True)
+class Create:
+    """Write mode: only if no object has the name."""
+
+
+@dataclass(frozen=True)
+class Update:
+    """Write mode: only if the stored object's version is still ``version``."""
+
+    version: object
+
+
+CREATE: Final = Create()
+WriteMode = Create | Update
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name an object (a base name: no ``/``, no NUL, not ``.`` or
+    ``..``, at most 255 characters); else ``ValueError``."""
+    if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 255:
+        raise ValueError(f"not an object name: {name!r:.80}")
+    return name
+
+
+def parts(chunks: Iterable[bytes], size: int = PART_BYTES) -> Iterator[bytes]:
+    """``chunks`` regrouped into parts of ``size`` bytes (the last one may be shorter, and
+    is ``b""`` for no bytes at all): at most one part is held at a time."""
+    buffer = bytearray()
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= size:
+            yield bytes(buffer[:size])
+            del buffer[:size]
+    yield bytes(buffer)
+
+
+class ObjectLayer(ABC):
+    """The object API (see the module docstring); every backend implements it."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The store's location, without secrets."""
+
+    @abstractmethod
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        """At most ``limit`` bytes of object ``name`` and its version token; None if absent."""
+
+    @abstractmethod
+    def open_object(self, name: str) -> Opened | None:
+        """Object ``name`` as a bounded stream with its version token; None if absent."""
+
+    @abstractmethod
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """Write object ``name`` from ``chunks`` if ``mode`` holds; False if it does not."""
+
+    @abstractmethod
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """Remove object ``name`` (only its version ``version``, when given); True if this
+        call removed it."""
+
+    @abstractmethod
+    def list_objects(self, prefix: str) -> Iterator[str]:
+        """The base names of the objects whose names start with ``prefix``."""
+
+    def close(self) -> None:
+        """Release resources held by the store (sessions, pools). Idempotent."""
