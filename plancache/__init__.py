@@ -10,9 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from plancache.errors import (
+    ArtifactError,
+    CliError,
     ConfigError,
     InvalidPlanError,
     InvalidSignatureError,
+    JobTimeout,
     MissingExtraError,
     PlancacheError,
     PlanStoreConflictError,
@@ -22,7 +25,9 @@ from plancache.errors import (
     PlanStoreReadOnlyError,
     PlanStoreUnavailableError,
     RankAgreementError,
+    StoreIgnoresPreconditionsError,
     UnknownSchemeError,
+    UnreadableHereError,
     UnsupportedSchemaError,
     UnsupportedStoreError,
     deprecated_alias,
@@ -73,11 +78,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ArtifactError",
     "Budget",
+    "CliError",
     "ConfigError",
     "Decision",
     "InvalidPlanError",
     "InvalidSignatureError",
+    "JobTimeout",
     "MissingExtraError",
     "Observation",
     "Plan",
@@ -94,7 +102,9 @@ __all__ = [
     "RankAgreementError",
     "Reason",
     "Recorded",
+    "StoreIgnoresPreconditionsError",
     "UnknownSchemeError",
+    "UnreadableHereError",
     "UnsupportedSchemaError",
     "UnsupportedStoreError",
     "__version__",

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from plancache.artifacts import inventory
+from plancache.artifacts.archive import remove_partial_installs
 from plancache.artifacts.inventory import ArtifactEntry
 from plancache.artifacts.manifest import parse_object_name
 from plancache.display import age, echo, plural, print_table, size, when
@@ -150,10 +152,23 @@ def rm(layer: ObjectLayer, refs: list[str]) -> None:
         echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
 
 
-def prune(layer: ObjectLayer, older_than: float, max_bytes: int, *, dry_run: bool) -> None:
+def prune(
+    layer: ObjectLayer,
+    older_than: float,
+    max_bytes: int,
+    *,
+    dry_run: bool,
+    installs: Path | None = None,
+) -> None:
     """Delete (or list) the artifacts older than ``older_than`` seconds, and report those
-    kept; silent if none."""
+    kept; with ``installs`` (this node's vLLM compile cache), also the temp directories of
+    installs killed that long ago; silent if there is nothing."""
     verb = "would delete" if dry_run else "deleted"
+    if installs is not None:
+        keys = sorted(installs.iterdir()) if installs.is_dir() else []
+        stale = sum(remove_partial_installs(k, older_than, dry_run=dry_run) for k in keys)
+        if stale:
+            echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {installs}")
     result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes)
     for name in result.deleted:
         echo(f"{verb} {name}")

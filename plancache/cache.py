@@ -26,6 +26,7 @@ from plancache.errors import (
     InvalidPlanError,
     InvalidSignatureError,
     PlanStoreError,
+    PlanStoreReadOnlyError,
     UnsupportedSchemaError,
 )
 from plancache.fingerprint import Scalar, fingerprint
@@ -191,8 +192,11 @@ class PlanCache:
         it, or a read-only store without a local tier) or the store failed, each logged as
         such. Bounded by the time budget; never raises."""
         start = time.perf_counter()
+        refused: PlanStoreReadOnlyError | None = None
         try:
             done = _bounded(lambda: self._store.retract(fingerprint, observation), self.timeout)
+        except PlanStoreReadOnlyError as exc:  # read-only, no local tier: nothing to change
+            refused = exc
         except Exception as exc:
             reason, detail = _describe(exc)
             log.warning(
@@ -203,12 +207,10 @@ class PlanCache:
                 detail,
             )
             return False
-        from plancache.backends.tiered import TieredStore  # rarely needed: off the import
-
         store = self.store  # open: the retraction went through it
         what, where = "retracted", f"from {store.url}"
-        if isinstance(store, TieredStore) and store.read_only and store.local is None:
-            what, where = "not retracted", f"({store.url} is read-only, with no local tier)"
+        if refused is not None:
+            what, where = "not retracted", f"({refused}, with no local tier)"
         elif not done.removed:
             held = "no record of that key" if done.record is None else "no such observation"
             what, where = "retract changed nothing", f"({store.url} holds {held})"
@@ -221,7 +223,7 @@ class PlanCache:
             where,
             (time.perf_counter() - start) * 1e3,
         )
-        return done.removed
+        return refused is None and done.removed
 
     def record(
         self,

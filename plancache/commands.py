@@ -28,6 +28,7 @@ import orjson
 
 from plancache import artifact_commands, inventory
 from plancache.artifacts import inventory as inventory_artifacts
+from plancache.artifacts.archive import compile_cache
 from plancache.artifacts.share import CompileSettings
 from plancache.backends.local import LocalStore
 from plancache.config import (
@@ -37,6 +38,7 @@ from plancache.config import (
     parse_storage_options,
     read_key_file,
 )
+from plancache.defaults import default_dir
 from plancache.display import (
     Progress,
     age,
@@ -327,7 +329,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         left = plural(result.rejected, "record")
         summary += f"; {left} not validly signed left as they are"
     echo(summary)
-    artifact_commands.prune(store, args.older_than, _max_bytes(), dry_run=args.dry_run)
+    installs = compile_cache(default_dir().parent) if result.temp_files is not None else None
+    artifact_commands.prune(
+        store, args.older_than, _max_bytes(), dry_run=args.dry_run, installs=installs
+    )
     return 0
 
 

@@ -325,12 +325,19 @@ def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[
     return out
 
 
-def remove_partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> int:
-    """Remove what ``partial_installs`` finds; how many were removed."""
+def remove_partial_installs(
+    target: Path, older_than: float = STALE_INSTALL_S, *, dry_run: bool = False
+) -> int:
+    """Remove what ``partial_installs`` finds; how many were (or would be) removed."""
     stale = partial_installs(target, older_than)
-    for path in stale:
+    for path in stale if not dry_run else ():
         shutil.rmtree(path, ignore_errors=True)
     return len(stale)
+
+
+def compile_cache(vllm_cache_root: Path) -> Path:
+    """Where vLLM keeps its AOT compile artifacts, one ``<key>`` directory each."""
+    return vllm_cache_root / "torch_compile_cache" / "torch_aot_compile"
 
 
 def _extract(stream: _Stream, temp: Path, entry: Entry) -> None:

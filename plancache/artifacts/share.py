@@ -55,6 +55,7 @@ from plancache.artifacts.archive import (
 )
 from plancache.artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
 from plancache.backends.guarded import GuardedStore
+from plancache.backends.local import LocalStore
 from plancache.backends.tiered import TieredStore
 from plancache.background import Job
 from plancache.config import Settings, is_remote
@@ -235,6 +236,7 @@ class ArtifactStore:
         result = Fetched("miss")
         with contextlib.suppress(OSError):
             remove_partial_installs(target)
+        self._remove_stale_uploads(name)
         for label, layer, local in self._sources():
             if not (local or self.compile.trust_unsigned or self.keyring.requires_signature):
                 result = Fetched("untrusted", source=label)
@@ -289,6 +291,15 @@ class ArtifactStore:
             break
         result.seconds = time.monotonic() - start
         return result
+
+    def _remove_stale_uploads(self, name: str) -> None:
+        """Remove the temp files that killed uploads of ``name`` left in local stores."""
+        layers = [self.local, None if self.remote else self.store]
+        for layer in filter(None, layers):
+            for local in beneath(layer):
+                if isinstance(local, LocalStore):
+                    with contextlib.suppress(PlanStoreError):
+                        local.remove_stale_temp_files(name=name)
 
     def _destinations(self) -> list[tuple[str, ObjectLayer]]:
         """Where uploads and retractions write: the store (its object layer refuses writes

@@ -402,13 +402,14 @@ class LocalStore(PlanStore):
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
 
-    def temp_files(self) -> list[Path]:
-        """Temp files in the store directory (in-flight or abandoned writes of any kind);
-        entries with a temp name that are not regular files (never written by plancache) are
-        left alone."""
+    def temp_files(self, name: str = "") -> list[Path]:
+        """Temp files in the store directory (in-flight or abandoned writes of any kind, or
+        of the object ``name`` only); entries with a temp name that are not regular files
+        (never written by plancache) are left alone."""
+        start = f".{name}." if name else "."
         try:
             names = [
-                n for n in os.listdir(self.root) if n.startswith(".") and n.endswith(TEMP_SUFFIX)
+                n for n in os.listdir(self.root) if n.startswith(start) and n.endswith(TEMP_SUFFIX)
             ]
         except FileNotFoundError:
             return []
@@ -417,14 +418,14 @@ class LocalStore(PlanStore):
         return [self.root / n for n in names if _odd(os.path.join(self._root, n)) is None]
 
     def remove_stale_temp_files(
-        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
     ) -> int:
-        """Delete temp files older than ``older_than`` seconds (left by killed writers);
-        returns how many were (or, with ``dry_run``, would be) removed. Younger ones may
-        belong to a live writer."""
+        """Delete temp files (of the object ``name`` only, if given) older than ``older_than``
+        seconds (left by killed writers); returns how many were (or, with ``dry_run``, would
+        be) removed. Younger ones may belong to a live writer."""
         cutoff = time.time() - older_than
         removed = 0
-        for path in self.temp_files():
+        for path in self.temp_files(name):
             try:
                 if path.lstat().st_mtime <= cutoff:
                     if not dry_run:
