@@ -17,10 +17,10 @@ from dataclasses import astuple
 
 import pytest
 
-import plancache.config
-from plancache.backends._remote import CallTimeouts
-from plancache.backends.lazy import LazyStore
-from plancache.cache import PlanCache
+import plancache._config
+from plancache._backends._remote import CallTimeouts
+from plancache._backends.lazy import LazyStore
+from plancache._cache import PlanCache
 from tests.helpers import LOOSE_BOUNDS, LOOSE_BUDGET_S
 
 
@@ -30,4 +30,4 @@ def _loose_default_bounds(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
         monkeypatch.setattr(CallTimeouts.__init__, "__defaults__", astuple(LOOSE_BOUNDS))
         monkeypatch.setattr(PlanCache.__init__, "__defaults__", (LOOSE_BUDGET_S,))
         monkeypatch.setattr(LazyStore.__init__, "__kwdefaults__", {"open_timeout": LOOSE_BUDGET_S})
-        monkeypatch.setattr(plancache.config, "DEFAULT_BUDGET_S", LOOSE_BUDGET_S)
+        monkeypatch.setattr(plancache._config, "DEFAULT_BUDGET_S", LOOSE_BUDGET_S)

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from plancache.artifacts.share import ArtifactStore, CompileSettings
-from plancache.config import Settings
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
 
 KEY, RANK = "f" * 64, "rank_0_0"
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plancache.artifacts.share import ArtifactStore, CompileSettings
-from plancache.config import Settings
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
 from plancache.testing import servers
 from tests.vllm.support import MODEL_CONFIG
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from plancache import PlanCache, open_store
-from plancache.backends._remote import RemoteStore
-from plancache.backends.tiered import TieredStore
-from plancache.config import Settings
-from plancache.probe import probe
+from plancache._backends._remote import RemoteStore
+from plancache._backends.tiered import TieredStore
+from plancache._config import Settings
+from plancache._probe import probe
 from plancache.testing import FACTORS, GiB
 from plancache.testing.hostile import LyingProxy
 from plancache.testing.servers import (

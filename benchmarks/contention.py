@@ -42,12 +42,12 @@ from typing import Any
 from benchmarks.console import log_to_stderr
 from benchmarks.report import contention_table
 from plancache import Plan, PlanStore, open_store
+from plancache._keys import Scalar
+from plancache._merge import covers
+from plancache._objects import CREATE, Opened, Update, WriteMode
+from plancache._observation import Observation
+from plancache._store import content_version
 from plancache.errors import PlanStoreError
-from plancache.fingerprint import Scalar
-from plancache.merge import covers
-from plancache.objects import CREATE, Opened, Update, WriteMode
-from plancache.observation import Observation
-from plancache.store import content_version
 from plancache.testing import GiB
 from plancache.testing.servers import gcs_server, s3_server
 

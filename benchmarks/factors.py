@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from plancache.fingerprint import Scalar
+from plancache._keys import Scalar
 from plancache.integrations.vllm.factors import WorkerFactors, as_scalars
 
 

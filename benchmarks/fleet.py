@@ -35,11 +35,11 @@ from benchmarks.console import log_to_stderr
 from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache
-from plancache.backends.local import LocalStore
-from plancache.config import Settings
-from plancache.fingerprint import Scalar
-from plancache.merge import dominates
-from plancache.store import PlanStore
+from plancache._backends.local import LocalStore
+from plancache._config import Settings
+from plancache._keys import Scalar
+from plancache._merge import dominates
+from plancache._store import PlanStore
 from plancache.testing import GiB
 
 MiB = 1 << 20
@@ -143,7 +143,7 @@ def _node_start(shared_url: str) -> None:
     shared store's client library (see the module doc)."""
     log_to_stderr()
     if "://" in shared_url and not shared_url.startswith("file://"):
-        from plancache.backends import s3  # noqa: F401
+        from plancache._backends import s3  # noqa: F401
 
 
 def boot_node(boot: Boot) -> dict[str, Any]:

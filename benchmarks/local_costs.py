@@ -23,8 +23,8 @@ from unittest import mock
 from benchmarks.factors import worker_factors
 from benchmarks.stats import median, percentiles, time_calls, time_interleaved
 from plancache import Plan, PlanCache
-from plancache.backends.local import LocalStore
-from plancache.plan import SCHEMA
+from plancache._backends.local import LocalStore
+from plancache._plan import SCHEMA
 from plancache.testing import GiB
 
 DENIED_MODULES = ("s3fs", "gcsfs", "vllm", "torch", "boto3", "aiobotocore")

@@ -9,7 +9,7 @@ weight loading and the save into a daemon thread.
   before the fetch), the weights load (simulated by a sleep), then
   ``determine_available_memory`` only joins it (``PendingLookup.result``) and, on a hit,
   writes the crash mark (``Breaker.arm``: a locked file, fsynced in the background); the save
-  only hands a job to a background thread (``plancache.background``). ``disarm``: removing
+  only hands a job to a background thread (``plancache._background``). ``disarm``: removing
   the mark after the warm-up, on a hit.
 
 On the local store, S3 (moto) and GCS (fake-gcs-server) on loopback, each with 0 and 300 ms
@@ -25,8 +25,9 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from benchmarks.stats import median
-from plancache import PlanCache, background, open_store
-from plancache.breaker import Breaker
+from plancache import PlanCache, open_store
+from plancache import _background as background
+from plancache._breaker import Breaker
 from plancache.testing.servers import gcs_server, s3_server, with_latency
 
 FACTORS: dict[str, Any] = {"model": "bench/plugin-costs", "rank": 0}

@@ -28,7 +28,7 @@ import s3fs
 from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
-from plancache.fingerprint import Scalar, object_name
+from plancache._keys import Scalar, object_name
 from plancache.testing import GiB
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 

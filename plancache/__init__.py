@@ -1,7 +1,11 @@
 """plancache: content-addressed vLLM startup plans, shared by a fleet through any store.
 
-The public names load on first use (PEP 562), so ``import plancache`` stays cheap: the vLLM
-plugin imports it in every process vLLM starts.
+The public API is what this module exports (``__all__``; docs/library.md), plus
+``plancache.errors``, the vLLM plugin ``plancache.integrations.vllm`` and the test kit
+``plancache.testing``; every other module is private (a leading underscore). The public names
+load on first use (PEP 562), so ``import plancache`` stays cheap: the vLLM plugin imports it
+in every process vLLM starts. The module paths of plancache 0.3.0 (``plancache.store``,
+``plancache.backends.local``, ...) still import, with a ``DeprecationWarning``, until 0.5.0.
 """
 
 from __future__ import annotations
@@ -9,6 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from plancache._keys import fingerprint
+from plancache._moved import install_moved_finder
+from plancache._reasons import deprecated_reason
+from plancache._version import __version__
 from plancache.errors import (
     ArtifactError,
     CliError,
@@ -32,32 +40,37 @@ from plancache.errors import (
     UnsupportedStoreError,
     deprecated_alias,
 )
-from plancache.fingerprint import fingerprint  # bound now: the submodule shares its name
-from plancache.reasons import deprecated_reason
 
-__version__ = "0.3.0"
+install_moved_finder()
 
 if TYPE_CHECKING:
-    from plancache.backends import open_store
-    from plancache.cache import Decision, PlanCache, Recorded
-    from plancache.gate import Budget, applicable_kv_cache_memory_bytes
-    from plancache.observation import Observation
-    from plancache.plan import Plan
-    from plancache.reasons import PutOutcome, Reason
-    from plancache.store import PlanStore
+    from plancache._backends import open_store
+    from plancache._cache import Decision, PlanCache, Recorded
+    from plancache._config import Settings
+    from plancache._gate import Budget, applicable_kv_cache_memory_bytes
+    from plancache._objects import CREATE, ObjectLayer, Opened, Update
+    from plancache._observation import Observation
+    from plancache._plan import Plan
+    from plancache._reasons import PutOutcome, Reason
+    from plancache._store import PlanStore
 
 _LAZY = {
-    "open_store": "plancache.backends",
-    "Decision": "plancache.cache",
-    "PlanCache": "plancache.cache",
-    "Recorded": "plancache.cache",
-    "Budget": "plancache.gate",
-    "applicable_kv_cache_memory_bytes": "plancache.gate",
-    "Observation": "plancache.observation",
-    "Plan": "plancache.plan",
-    "PutOutcome": "plancache.reasons",
-    "Reason": "plancache.reasons",
-    "PlanStore": "plancache.store",
+    "open_store": "plancache._backends",
+    "Decision": "plancache._cache",
+    "PlanCache": "plancache._cache",
+    "Recorded": "plancache._cache",
+    "Settings": "plancache._config",
+    "Budget": "plancache._gate",
+    "applicable_kv_cache_memory_bytes": "plancache._gate",
+    "Observation": "plancache._observation",
+    "CREATE": "plancache._objects",
+    "ObjectLayer": "plancache._objects",
+    "Opened": "plancache._objects",
+    "Update": "plancache._objects",
+    "Plan": "plancache._plan",
+    "PutOutcome": "plancache._reasons",
+    "Reason": "plancache._reasons",
+    "PlanStore": "plancache._store",
 }
 
 
@@ -78,6 +91,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CREATE",
     "ArtifactError",
     "Budget",
     "CliError",
@@ -87,7 +101,9 @@ __all__ = [
     "InvalidSignatureError",
     "JobTimeout",
     "MissingExtraError",
+    "ObjectLayer",
     "Observation",
+    "Opened",
     "Plan",
     "PlanCache",
     "PlanStore",
@@ -102,11 +118,13 @@ __all__ = [
     "RankAgreementError",
     "Reason",
     "Recorded",
+    "Settings",
     "StoreIgnoresPreconditionsError",
     "UnknownSchemeError",
     "UnreadableHereError",
     "UnsupportedSchemaError",
     "UnsupportedStoreError",
+    "Update",
     "__version__",
     "applicable_kv_cache_memory_bytes",
     "fingerprint",

@@ -1,5 +1,5 @@
 """``python -m plancache``: the ``plancache`` command."""
 
-from plancache.cli import console
+from plancache._command.cli import console
 
 console()

@@ -49,7 +49,7 @@ class PlanStoreReadOnlyError(PlanStoreError):
 
 
 class StoreIgnoresPreconditionsError(PlanStoreReadOnlyError):
-    """The store was found to ignore a write precondition (``plancache.probe``): nothing is
+    """The store was found to ignore a write precondition (``plancache._probe``): nothing is
     written to it."""
 
 
@@ -96,7 +96,7 @@ class UnreadableHereError(ArtifactError):
 
 
 class JobTimeout(PlancacheError):
-    """A background job did not finish within the wait (``plancache.background``)."""
+    """A background job did not finish within the wait (``plancache._background``)."""
 
 
 class CliError(PlancacheError, ValueError):

@@ -14,8 +14,8 @@ import sys
 import time
 
 from plancache import PlanCache, fingerprint
-from plancache.breaker import Breaker
-from plancache.config import Settings
+from plancache._breaker import Breaker
+from plancache._config import Settings
 from plancache.testing import FACTORS, GiB
 
 CLIENTS = {"s3": "s3fs", "gs": "gcsfs"}

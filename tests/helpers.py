@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from plancache import Plan
-from plancache.backends._remote import CallTimeouts
-from plancache.observation import Observation
+from plancache._backends._remote import CallTimeouts
+from plancache._observation import Observation
 from plancache.testing import child_env
 
 T = TypeVar("T")
@@ -97,8 +97,8 @@ def dead_mark(marks: Path, fingerprint: str, observation: Observation) -> Path:
     released by the kernel, without removing it."""
     code = (
         "import sys, orjson\n"
-        "from plancache.breaker import Breaker\n"
-        "from plancache.observation import Observation\n"
+        "from plancache._breaker import Breaker\n"
+        "from plancache._observation import Observation\n"
         "o = Observation.from_dict(orjson.loads(sys.argv[3]))\n"
         "print(Breaker(sys.argv[1]).arm(sys.argv[2], o).path)\n"
     )

@@ -1,4 +1,4 @@
-"""plancache.background: jobs on reused daemon threads, never queued behind one another."""
+"""plancache._background: jobs on reused daemon threads, never queued behind one another."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from plancache import background
-from plancache.background import IDLE_NAME, MAX_IDLE, JobTimeout
+from plancache import _background as background
+from plancache._background import IDLE_NAME, MAX_IDLE, JobTimeout
 
 
 def test_a_job_gives_its_result_or_its_exception() -> None:
@@ -75,7 +75,7 @@ def test_idle_threads_are_bounded() -> None:
 
 CHILD = """
 import os, threading
-from plancache import background
+from plancache import _background as background
 
 parent = background.start(threading.current_thread).wait(5)  # then idle, in the parent
 pid = os.fork()

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-import plancache.breaker
+import plancache._breaker
 from plancache import PlanCache, PlanStore, open_store
-from plancache.backends.local import LocalStore
-from plancache.breaker import CRASHED_SUFFIX, LOCK, MARK_SUFFIX, MAX_MARKS, Breaker, Process
-from plancache.inventory import prune
-from plancache.observation import Observation
+from plancache._backends.local import LocalStore
+from plancache._breaker import CRASHED_SUFFIX, LOCK, MARK_SUFFIX, MAX_MARKS, Breaker, Process
+from plancache._inventory.plans import prune
+from plancache._observation import Observation
 from plancache.testing import GiB, child_env, make_plan
 from plancache.testing.servers import CountingProxy
 from tests.helpers import LOOSE_OPTIONS, ODD_ENTRIES, dead_mark, plant_odd_entry, within
@@ -398,9 +398,9 @@ def test_the_marks_directory_and_marks_are_private(tmp_path: Path) -> None:
 @pytest.fixture
 def distrust_warned_once() -> Iterator[None]:
     """A process that has not yet warned about marks that others could write."""
-    plancache.breaker._distrusted.clear()
+    plancache._breaker._distrusted.clear()
     yield
-    plancache.breaker._distrusted.clear()
+    plancache._breaker._distrusted.clear()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files another user's")

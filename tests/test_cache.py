@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import plancache
-from plancache import PlanCache, PlanStoreError, PutOutcome, reasons
-from plancache.backends.local import LocalStore
-from plancache.reasons import RECORD_FAILURES, Reason
-from plancache.store import PlanStore
+from plancache import PlanCache, PlanStoreError, PutOutcome
+from plancache import _reasons as reasons
+from plancache._backends.local import LocalStore
+from plancache._reasons import RECORD_FAILURES, Reason
+from plancache._store import PlanStore
 from plancache.testing import FACTORS, GiB, make_plan
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from plancache import open_store
-from plancache.backends.local import LocalStore
-from plancache.config import Settings
+from plancache._backends.local import LocalStore
+from plancache._config import Settings
 from plancache.errors import ConfigError, UnsupportedStoreError
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from plancache import open_store
-from plancache.config import MAX_KEY_FILE_BYTES, Settings, keyring_from_env
+from plancache._config import MAX_KEY_FILE_BYTES, Settings, keyring_from_env
+from plancache._signing import Keyring
 from plancache.errors import ConfigError, UnsupportedStoreError
-from plancache.signing import Keyring
 from plancache.testing import child_env
 
 
@@ -52,7 +52,7 @@ resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 """Set first in the child (not by ``preexec_fn``, which is unsafe in a threaded parent)."""
 READ_KEYS = """
 import time
-from plancache.config import keyring_from_env
+from plancache._config import keyring_from_env
 from plancache.errors import ConfigError
 start = time.monotonic()
 try:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, open_store
-from plancache.config import Settings
-from plancache.defaults import DEFAULT_BUDGET_S, default_dir
+from plancache._config import Settings
+from plancache._defaults import DEFAULT_BUDGET_S, default_dir
 
 
 def test_default_dir_follows_vllm_cache_root() -> None:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from plancache import Plan, open_store
-from plancache.fingerprint import Scalar, object_name
+from plancache._keys import Scalar, object_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -42,8 +42,8 @@ def test_one_base_catches_every_error() -> None:
 
 
 def test_public_signature_types_are_exported() -> None:
-    from plancache.gate import Budget
-    from plancache.observation import Observation
+    from plancache._gate import Budget
+    from plancache._observation import Observation
 
     assert (plancache.Budget, plancache.Observation) == (Budget, Observation)
     assert set(plancache.__all__) <= set(dir(plancache)) | {"__version__"}
@@ -51,11 +51,11 @@ def test_public_signature_types_are_exported() -> None:
 
 
 HEAVY = (
-    "plancache.store",
-    "plancache.cache",
-    "plancache.config",
-    "plancache.backends",
-    "plancache.artifacts",
+    "plancache._store",
+    "plancache._cache",
+    "plancache._config",
+    "plancache._backends",
+    "plancache._artifacts",
     "plancache.integrations.vllm.apply",
     "plancache.integrations.vllm.compile",
     "orjson",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache.fingerprint import object_name
+from plancache._keys import object_name
 from plancache.testing import child_env, make_plan
 from plancache.testing.hostile import Reply, ScriptedServer, SilentServer
 from plancache.testing.servers import closed_port
@@ -33,7 +33,7 @@ TOKEN = "ya29.a0-hardening-raw-access-token"
 WORKER = """
 import json, sys, time
 from plancache import PlanCache
-from plancache.config import Settings
+from plancache._config import Settings
 from plancache.testing import FACTORS, GiB
 settings = Settings(sys.argv[1], storage_options=json.loads(sys.argv[2]), local_tier=None)
 cache = PlanCache(settings.open_store, timeout=1.0)

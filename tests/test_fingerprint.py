@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from plancache import fingerprint
-from plancache.fingerprint import (
+from plancache._keys import (
     OBJECT_PREFIX,
     OBJECT_SUFFIX,
     Scalar,

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from plancache._gate import gate
+from plancache._merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
+from plancache._observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Observation, Tombstone
+from plancache._plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 from plancache.errors import InvalidPlanError
-from plancache.gate import gate
-from plancache.merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
-from plancache.observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Observation, Tombstone
-from plancache.plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 from plancache.testing import FACTORS, GiB
 
 MiB = 1 << 20

@@ -10,8 +10,8 @@ from urllib.parse import quote
 import pytest
 
 from plancache import open_store
-from plancache.backends.gcs import GCSStore
-from plancache.fingerprint import object_name
+from plancache._backends.gcs import GCSStore
+from plancache._keys import object_name
 from plancache.testing import ObjectStoreContract, StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 from plancache.testing.servers import CountingProxy, FakeGCS

@@ -12,8 +12,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from plancache import PutOutcome, open_store
-from plancache.backends.generic import FsspecStore
-from plancache.fingerprint import object_name
+from plancache._backends.generic import FsspecStore
+from plancache._keys import object_name
 from plancache.testing import StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, open_store
-from plancache.backends._remote import RemoteStore
-from plancache.backends.local import LocalStore
-from plancache.config import Settings
+from plancache._backends._remote import RemoteStore
+from plancache._backends.local import LocalStore
+from plancache._config import Settings
+from plancache._keys import object_name
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
-from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import Reply, Respond, ScriptedServer, SilentServer
 from plancache.testing.servers import FakeGCS

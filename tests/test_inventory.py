@@ -1,4 +1,4 @@
-"""plancache.inventory over real stores: a local directory, and S3 on moto."""
+"""plancache._inventory.plans over real stores: a local directory, and S3 on moto."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from plancache import Plan, fingerprint, inventory, open_store
-from plancache.fingerprint import Scalar, object_name
-from plancache.inventory import CopyCounts, Fix
-from plancache.observation import Observation
-from plancache.store import PlanStore
+from plancache import Plan, fingerprint, open_store
+from plancache._inventory import plans as inventory
+from plancache._inventory.plans import CopyCounts, Fix
+from plancache._keys import Scalar, object_name
+from plancache._observation import Observation
+from plancache._store import PlanStore
 from plancache.testing import GiB, make_plan
 from plancache.testing.servers import MotoS3
 

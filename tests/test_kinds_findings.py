@@ -3,8 +3,8 @@ every kind of cached thing"). Each test names its finding; each fails on 0.3.0's
 reason the finding states and passes once it is fixed.
 
 They use public behaviour only: the ``plancache`` command in a subprocess, ``ArtifactStore``
-and ``CompileSettings`` (``plancache.artifacts.share``), ``Settings`` and ``keyring_from_env``
-(``plancache.config``) and ``plancache.errors``. Artifacts are made by ``ArtifactStore.upload``
+and ``CompileSettings`` (``plancache._artifacts.share``), ``Settings`` and ``keyring_from_env``
+(``plancache._config``) and ``plancache.errors``. Artifacts are made by ``ArtifactStore.upload``
 from synthetic AOT directories, and changed as bytes in a local store's directory (the
 documented stream: a ustar archive, zstd-compressed or not, whose first member is the JSON
 manifest).
@@ -44,8 +44,8 @@ import pytest
 
 import plancache
 import plancache.errors
-from plancache.artifacts.share import ArtifactStore, CompileSettings
-from plancache.config import Settings, keyring_from_env
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings, keyring_from_env
 from plancache.testing import child_env
 from plancache.testing.servers import MotoS3
 from tests.helpers import LOOSE_OPTIONS
@@ -702,10 +702,10 @@ def test_every_named_error_is_a_plancache_error_in_plancache_errors() -> None:
 # finding 7
 def test_same_classes_where_they_are_raised() -> None:
     where = {
-        "ArtifactError": "plancache.artifacts.archive",
-        "JobTimeout": "plancache.background",
-        "CliError": "plancache.commands",
-        "StoreIgnoresPreconditionsError": "plancache.backends.guarded",
+        "ArtifactError": "plancache._artifacts.archive",
+        "JobTimeout": "plancache._background",
+        "CliError": "plancache._command.plans",
+        "StoreIgnoresPreconditionsError": "plancache._backends.guarded",
     }
     problems = []
     for name, module_name in where.items():

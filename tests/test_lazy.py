@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
-from plancache.backends._remote import PROBE_PREFIX, RemoteStore
-from plancache.backends.guarded import GuardedStore, StoreIgnoresPreconditionsError, VerdictCache
-from plancache.backends.lazy import LazyStore
-from plancache.backends.local import LocalStore
-from plancache.backends.tiered import TieredStore
+from plancache._backends._remote import PROBE_PREFIX, RemoteStore
+from plancache._backends.guarded import GuardedStore, StoreIgnoresPreconditionsError, VerdictCache
+from plancache._backends.lazy import LazyStore
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._keys import object_name
+from plancache._store import ForwardingStore
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
-from plancache.fingerprint import object_name
-from plancache.store import ForwardingStore
 from plancache.testing import GiB, make_plan
 from plancache.testing.hostile import LyingProxy
 from plancache.testing.servers import MotoS3

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
-from plancache.backends.local import LocalStore
+from plancache._backends.local import LocalStore
+from plancache._keys import object_name
 from plancache.errors import PlanStorePermissionError
-from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, StoreContract, child_env, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 
@@ -137,7 +137,7 @@ def test_read_only_filesystem_is_a_permission_error(readonly_tmpfs: Path) -> Non
 UNREADABLE = """
 import os, sys
 from plancache import PlanStoreError, PlanCache
-from plancache.backends.local import LocalStore
+from plancache._backends.local import LocalStore
 from plancache.testing import FACTORS, make_plan
 if os.geteuid() == 0:
     os.setgid(65534); os.setuid(65534)

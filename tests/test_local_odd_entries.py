@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from plancache.backends.local import LOCK_NAME, LocalStore, _read_at_most
+from plancache._backends.local import LOCK_NAME, LocalStore, _read_at_most
+from plancache._keys import object_name
+from plancache._store import READ_LIMIT, PutOutcome
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavailableError
-from plancache.fingerprint import object_name
-from plancache.store import READ_LIMIT, PutOutcome
 from plancache.testing import GiB, make_plan
 from tests.helpers import ODD_ENTRIES, plant_odd_entry, within
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancache.merge import at_least_as_good, covers, dominates, frontier
-from plancache.observation import Observation
+from plancache._merge import at_least_as_good, covers, dominates, frontier
+from plancache._observation import Observation
 from plancache.testing import GiB
 
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plancache import InvalidPlanError, Plan, fingerprint
-from plancache.fingerprint import canonical
-from plancache.observation import Observation, Tombstone
-from plancache.plan import MAX_RECORD_BYTES
-from plancache.signing import Keyring
+from plancache._keys import canonical
+from plancache._observation import Observation, Tombstone
+from plancache._plan import MAX_RECORD_BYTES
+from plancache._signing import Keyring
 from plancache.testing import GiB, make_plan
 
 

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plancache import PlanCache
-from plancache.backends.local import LocalStore
-from plancache.backends.tiered import TieredStore
-from plancache.gate import Budget, gate, implausible
-from plancache.merge import frontier, merge
-from plancache.observation import Observation
-from plancache.plan import Plan
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._gate import Budget, gate, implausible
+from plancache._merge import frontier, merge
+from plancache._observation import Observation
+from plancache._plan import Plan
 from plancache.testing import FACTORS, GiB, make_plan
 
 MiB = 1 << 20

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from plancache import PlanCache, PutOutcome
-from plancache.backends import open_store
-from plancache.backends._remote import PROBE_PREFIX, RemoteStore
-from plancache.backends.guarded import VERDICTS_DIR, GuardedStore, VerdictCache
-from plancache.config import Settings
+from plancache._backends import open_store
+from plancache._backends._remote import PROBE_PREFIX, RemoteStore
+from plancache._backends.guarded import VERDICTS_DIR, GuardedStore, VerdictCache
+from plancache._config import Settings
+from plancache._probe import CHECK_REQUESTS, STEPS, ProbeResult, StoreVerdict, probe
 from plancache.errors import PlanStoreUnavailableError
-from plancache.probe import CHECK_REQUESTS, STEPS, ProbeResult, Verdict, probe
 from plancache.testing import FACTORS, GiB, child_env, make_plan
 from plancache.testing.hostile import FaultyProxy, LyingProxy, writes
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3, weed_binary
@@ -84,7 +84,7 @@ def test_honest_stores_pass_every_step_within_the_bounds(
         for _ in range(3):
             proxy.reset()
             result = probe(store.probe_store())
-            assert result.verdict is Verdict.HONEST, result
+            assert result.verdict is StoreVerdict.HONEST, result
             assert [s.name for s in result.steps] == list(STEPS)
             assert all(s.ok for s in result.steps), result.steps
             assert len(proxy.requests) <= MAX_HTTP[store.scheme]
@@ -111,7 +111,7 @@ def test_a_store_that_ignores_preconditions_lies(
     proxy = LyingProxy(upstream(server)) if strip is None else LyingProxy(upstream(server), strip)
     with behind(proxy) as (store, _):
         result = probe(store.probe_store())
-        assert result.verdict is Verdict.LIES, result
+        assert result.verdict is StoreVerdict.LIES, result
         assert result.step == step
         assert result.steps[-1].name == "cleanup" and result.steps[-1].ok
 
@@ -121,7 +121,7 @@ def test_write_denied_credentials_are_read_only_not_lying(
 ) -> None:
     with behind(FaultyProxy(upstream(server), 403, writes)) as (store, proxy):
         result = probe(store.probe_store())
-        assert result.verdict is Verdict.READ_ONLY, result
+        assert result.verdict is StoreVerdict.READ_ONLY, result
         assert result.step == "create"
         assert len(proxy.requests) == 1  # one denied create, no cleanup
 
@@ -133,14 +133,14 @@ def test_server_errors_give_no_verdict(
     verdict of lying."""
     with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
         result = probe(store.probe_store())
-        assert result.verdict is Verdict.UNKNOWN and result.step == "create", result
+        assert result.verdict is StoreVerdict.UNKNOWN and result.step == "create", result
     coin = random.Random(18)
     with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: coin.random() < 0.5)) as (
         store,
         _,
     ):
         verdicts = {probe(store.probe_store()).verdict for _ in range(4)}
-        assert Verdict.LIES not in verdicts and Verdict.READ_ONLY not in verdicts
+        assert StoreVerdict.LIES not in verdicts and StoreVerdict.READ_ONLY not in verdicts
 
 
 @pytest.mark.slow  # beside 3 pytest workers on 2 cores, 8 concurrent creates took over 10 s
@@ -155,7 +155,7 @@ def test_seaweedfs_passes_and_its_doctor_finds_nothing(tmp_path: Path) -> None:
         assert isinstance(store, RemoteStore)
         for _ in range(2):  # 50 of 50 in ``python -m benchmarks.conformance``
             result = probe(store.probe_store(), timeout=30)
-            assert result.verdict is Verdict.HONEST, result
+            assert result.verdict is StoreVerdict.HONEST, result
         env = child_env(VLLM_CACHE_ROOT=str(tmp_path))
         doctor = run("doctor", url, "--json", "--storage-options", json.dumps(options), env=env)
         assert doctor.returncode == 0, doctor.stdout
@@ -265,16 +265,20 @@ def test_no_verdict_is_retried_at_a_later_write(
         assert list(tmp_path.iterdir()) == []
         time.sleep(0.3)
         assert guarded.put(make_plan()) is PutOutcome.CREATED
-        assert guarded.verdict().verdict is Verdict.HONEST
+        assert guarded.verdict().verdict is StoreVerdict.HONEST
         assert len(list(tmp_path.iterdir())) == 1
 
 
 def test_cached_verdicts_expire_and_bad_files_are_no_verdict(tmp_path: Path) -> None:
     cache = VerdictCache(tmp_path, ttl=60)
-    lies = ProbeResult(Verdict.LIES, "create-existing", "a create of an existing key succeeded")
+    lies = ProbeResult(
+        StoreVerdict.LIES, "create-existing", "a create of an existing key succeeded"
+    )
     cache.save("s3://b/p\nhttp://e", "s3://b/p", lies)
     found = cache.load("s3://b/p\nhttp://e")
-    assert found is not None and found[0].verdict is Verdict.LIES and found[0].step == lies.step
+    assert (
+        found is not None and found[0].verdict is StoreVerdict.LIES and found[0].step == lies.step
+    )
     assert cache.load("s3://b/p\nhttp://other") is None  # another endpoint: another store
     (path,) = tmp_path.iterdir()
     record = json.loads(path.read_bytes())

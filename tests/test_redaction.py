@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plancache.redaction import MASK, redact, scrub, secret_values, without_userinfo
+from plancache._redaction import MASK, redact, scrub, secret_values, without_userinfo
 
 OPTIONS = {
     "endpoint_url": "http://127.0.0.1:9000",

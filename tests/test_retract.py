@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
-from plancache.backends.local import LocalStore
-from plancache.backends.tiered import TieredStore
-from plancache.inventory import copy, prune
-from plancache.observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Tombstone
-from plancache.plan import MAX_TOMBSTONES, Plan
-from plancache.store import Retraction
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._inventory.plans import copy, prune
+from plancache._observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Tombstone
+from plancache._plan import MAX_TOMBSTONES, Plan
+from plancache._store import Retraction
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3
 

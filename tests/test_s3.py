@@ -9,9 +9,9 @@ import pytest
 import s3fs
 
 from plancache import open_store
-from plancache.backends.s3 import S3Store
+from plancache._backends.s3 import S3Store
+from plancache._keys import object_name
 from plancache.errors import UnsupportedStoreError
-from plancache.fingerprint import object_name
 from plancache.testing import ObjectStoreContract, StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 from plancache.testing.servers import CountingProxy, MotoS3

@@ -15,8 +15,8 @@ import google.oauth2.credentials
 import pytest
 
 from plancache import PlanCache, PlanStore, open_store
-from plancache.backends.gcs import REASON_CHARS
-from plancache.config import Settings
+from plancache._backends.gcs import REASON_CHARS
+from plancache._config import Settings
 from plancache.errors import PlanStoreError
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import EchoingServer, FixedResponseServer

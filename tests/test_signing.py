@@ -18,21 +18,21 @@ import orjson
 import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
-from plancache.backends.local import LocalStore
-from plancache.backends.tiered import TieredStore
-from plancache.config import Settings, keyring_from_env
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._config import Settings, keyring_from_env
+from plancache._inventory.plans import copy, prune, verify
+from plancache._keys import object_name
+from plancache._merge import frontier
+from plancache._plan import Plan, Signature
+from plancache._reasons import Reason
+from plancache._signing import MIN_KEY_CHARS, NO_KEYS, Keyring, SignatureVerdict, key_id, parse_keys
 from plancache.errors import (
     ConfigError,
     InvalidPlanError,
     InvalidSignatureError,
     PlanStorePermissionError,
 )
-from plancache.fingerprint import object_name
-from plancache.inventory import copy, prune, verify
-from plancache.merge import frontier
-from plancache.plan import Plan, Signature
-from plancache.reasons import Reason
-from plancache.signing import MIN_KEY_CHARS, NO_KEYS, Keyring, Verdict, key_id, parse_keys
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.contract import race
 from plancache.testing.plans import newer_schema_record
@@ -123,7 +123,7 @@ def test_a_signature_covers_the_canonical_encoding_without_it() -> None:
     }
     assert data == orjson.dumps(orjson.loads(data), option=orjson.OPT_SORT_KEYS)
     read = Plan.decode(data, expected_fingerprint=FP)
-    assert read.signature == signed.signature and ring.verdict(read) is Verdict.VALID
+    assert read.signature == signed.signature and ring.verdict(read) is SignatureVerdict.VALID
     assert ring.check(read) is read
 
 
@@ -144,21 +144,21 @@ def test_every_change_after_signing_breaks_the_signature() -> None:
 
     for data, edit in [(raw, kv), (raw_two, drop_point), (raw_two, label)]:
         tampered = Plan.decode(edited(data, edit), expected_fingerprint=FP)  # well formed
-        assert ring.verdict(tampered) is Verdict.BAD_MAC
+        assert ring.verdict(tampered) is SignatureVerdict.BAD_MAC
         with pytest.raises(InvalidSignatureError, match="does not match its content"):
             ring.check(tampered)
     unsigned = Plan.decode(edited(raw, lambda o: o.pop("signature")), expected_fingerprint=FP)
-    assert ring.verdict(unsigned) is Verdict.UNSIGNED
+    assert ring.verdict(unsigned) is SignatureVerdict.UNSIGNED
     with pytest.raises(InvalidSignatureError, match="not signed"):
         ring.check(unsigned)
     # another key: unknown id; another key's MAC under this key's id: bad MAC
     theirs = signer(OTHER).sign(A)
-    assert ring.verdict(theirs) is Verdict.UNKNOWN_KEY
+    assert ring.verdict(theirs) is SignatureVerdict.UNKNOWN_KEY
     with pytest.raises(InvalidSignatureError, match=f"key {key_id(OTHER)}, not an accepted"):
         ring.check(theirs)
     assert theirs.signature is not None
     forged = A.signed(Signature(key_id(OLD), theirs.signature.hmac_sha256))
-    assert ring.verdict(forged) is Verdict.BAD_MAC
+    assert ring.verdict(forged) is SignatureVerdict.BAD_MAC
     assert NO_KEYS.check(forged) is forged  # no keys: carried, not judged
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plancache import PlanStoreConflictError
-from plancache.backends.local import LocalStore
+from plancache._backends.local import LocalStore
 from plancache.testing import GiB, make_plan
 
 

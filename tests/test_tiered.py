@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from plancache import PlanCache, PlanStore, PutOutcome, background, open_store
-from plancache.backends.local import LocalStore
-from plancache.backends.tiered import TieredStore
-from plancache.config import Settings
+from plancache import PlanCache, PlanStore, PutOutcome, open_store
+from plancache import _background as background
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._config import Settings
+from plancache._keys import object_name
 from plancache.errors import PlanStoreReadOnlyError
-from plancache.fingerprint import object_name
 from plancache.testing import FACTORS, GiB, StoreContract, make_plan
 from plancache.testing.contract import StoreFactory, WriteRaw
 from plancache.testing.servers import CountingProxy, MotoS3
@@ -223,8 +224,8 @@ def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> Non
 ROOT = Path(__file__).resolve().parents[1]
 FORKED = """
 import os, sys
-from plancache.config import Settings
-from plancache.backends.local import LocalStore
+from plancache._config import Settings
+from plancache._backends.local import LocalStore
 from plancache.errors import PlanStoreError
 from plancache.testing import make_plan
 

@@ -34,12 +34,12 @@ import orjson
 import pytest
 
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
+from plancache._merge import covers, frontier
+from plancache._objects import CREATE, Create, WriteMode
+from plancache._plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
+from plancache._units import GiB
 from plancache.errors import UnsupportedSchemaError
-from plancache.merge import covers, frontier
-from plancache.objects import CREATE, Create, WriteMode
-from plancache.plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
 from plancache.testing.plans import make_plan
-from plancache.units import GiB
 
 T = TypeVar("T")
 StoreSpec = tuple[str, dict[str, Any]]

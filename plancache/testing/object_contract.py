@@ -15,11 +15,11 @@ from typing import ClassVar
 import pytest
 
 from plancache import PlanStore, PutOutcome, open_store
-from plancache.fingerprint import object_name
+from plancache._keys import object_name
+from plancache._units import GiB
 from plancache.testing.contract import StoreContract, StoreSpec, WriteRaw, missing_fixture
 from plancache.testing.plans import make_plan
 from plancache.testing.servers import CountingProxy
-from plancache.units import GiB
 
 
 class ObjectStoreContract(StoreContract):

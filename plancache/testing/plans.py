@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from plancache.fingerprint import Scalar
-from plancache.plan import Plan
-from plancache.signing import key_id
-from plancache.units import GiB
+from plancache._keys import Scalar
+from plancache._plan import Plan
+from plancache._signing import key_id
+from plancache._units import GiB
 
 FACTORS: dict[str, Scalar] = {"model": "test/model", "gpu_memory_utilization": 0.9, "rank": 0}
 """Factors of the default test plan."""

@@ -6,7 +6,7 @@ import io
 import os
 from pathlib import Path
 
-from plancache.artifacts.archive import pack
+from plancache._artifacts.archive import pack
 
 KEY = "e" * 64
 RANK = "rank_0_0"

@@ -14,10 +14,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plancache.artifacts import archive
-from plancache.artifacts.archive import ArtifactError, install, pack
-from plancache.artifacts.manifest import MANIFEST_NAME, Manifest, object_name, parse_object_name
-from plancache.signing import Keyring, Verdict
+from plancache._artifacts import archive
+from plancache._artifacts.archive import ArtifactError, install, pack
+from plancache._artifacts.manifest import MANIFEST_NAME, Manifest, object_name, parse_object_name
+from plancache._signing import Keyring, SignatureVerdict
 from tests.artifacts.helpers import KEY, RANK, make_tree, stream
 
 K1, K2 = "k1-" + "a" * 30, "k2-" + "b" * 30
@@ -100,8 +100,8 @@ def test_foreign_artifact_is_refused(tmp_path: Path) -> None:
 def test_signature_covers_every_byte(tmp_path: Path) -> None:
     src = make_tree(tmp_path / "a" / KEY)
     manifest, _ = pack(src, KEY, RANK, keyring=Keyring(K1))
-    assert manifest.verdict(Keyring(verify_keys=[K1])) is Verdict.VALID
-    assert manifest.verdict(Keyring(verify_keys=[K2])) is Verdict.UNKNOWN_KEY
+    assert manifest.verdict(Keyring(verify_keys=[K1])) is SignatureVerdict.VALID
+    assert manifest.verdict(Keyring(verify_keys=[K2])) is SignatureVerdict.UNKNOWN_KEY
     first = manifest.files[0]
     changed = Manifest(
         KEY,
@@ -110,7 +110,7 @@ def test_signature_covers_every_byte(tmp_path: Path) -> None:
         manifest.created_at,
         signature=manifest.signature,
     )
-    assert changed.verdict(Keyring(verify_keys=[K1])) is Verdict.BAD_MAC
+    assert changed.verdict(Keyring(verify_keys=[K1])) is SignatureVerdict.BAD_MAC
 
 
 def test_refusal_by_accept_installs_nothing(tmp_path: Path) -> None:

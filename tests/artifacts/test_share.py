@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from plancache import open_store
-from plancache.artifacts.archive import pack
-from plancache.artifacts.inventory import names as artifact_names
-from plancache.artifacts.manifest import object_name
-from plancache.artifacts.share import ArtifactStore, CompileSettings, Uploads
-from plancache.backends.gcs import GCSStore
-from plancache.backends.s3 import S3Store
-from plancache.config import Settings
+from plancache._artifacts.archive import pack
+from plancache._artifacts.manifest import object_name
+from plancache._artifacts.share import ArtifactStore, CompileSettings, Uploads
+from plancache._backends.gcs import GCSStore
+from plancache._backends.s3 import S3Store
+from plancache._config import Settings
+from plancache._inventory.artifacts import names as artifact_names
+from plancache._objects import PART_BYTES
+from plancache._signing import Keyring
 from plancache.errors import ConfigError
-from plancache.objects import PART_BYTES
-from plancache.signing import Keyring
 from plancache.testing import child_env
 from plancache.testing.hostile import LyingProxy
 from plancache.testing.servers import FakeGCS, MotoS3

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from plancache import Plan, fingerprint, open_store
-from plancache.fingerprint import object_name
-from plancache.merge import frontier
-from plancache.observation import Observation
+from plancache._keys import object_name
+from plancache._merge import frontier
+from plancache._observation import Observation
 from plancache.testing import GiB, child_env
 
 DAY = 86400.0

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 from plancache import open_store
-from plancache.artifacts.archive import pack
-from plancache.artifacts.inventory import names as artifact_names
-from plancache.artifacts.manifest import object_name
-from plancache.signing import Keyring
+from plancache._artifacts.archive import pack
+from plancache._artifacts.manifest import object_name
+from plancache._inventory.artifacts import names as artifact_names
+from plancache._signing import Keyring
 from plancache.testing import child_env
 from tests.artifacts.helpers import KEY, make_tree
 from tests.cli.helpers import DAY, LocalFixture, RemoteSpec, ok, run

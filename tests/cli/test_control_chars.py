@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from plancache import Plan, fingerprint, open_store
-from plancache.fingerprint import Scalar
-from plancache.observation import Observation
+from plancache._keys import Scalar
+from plancache._observation import Observation
 from plancache.testing import GiB
 from plancache.testing.hostile import FixedResponseServer
 from tests.cli.helpers import run, write_raw

@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 
 from plancache import Plan, fingerprint, open_store
-from plancache.fingerprint import Scalar, object_name
-from plancache.merge import frontier
-from plancache.observation import Observation
+from plancache._keys import Scalar, object_name
+from plancache._merge import frontier
+from plancache._observation import Observation
 from plancache.testing import GiB, child_env
 from tests.cli.helpers import (
     LocalFixture,

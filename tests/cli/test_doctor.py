@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plancache.backends.guarded import VERDICTS_DIR
+from plancache._backends.guarded import VERDICTS_DIR
 from plancache.testing import child_env
 from plancache.testing.hostile import FaultyProxy, LyingProxy, SilentServer, writes
 from plancache.testing.servers import CountingProxy

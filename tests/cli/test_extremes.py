@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from plancache import fingerprint, open_store
-from plancache.observation import MAX_CREATED_AT, Observation
-from plancache.plan import Plan
+from plancache._observation import MAX_CREATED_AT, Observation
+from plancache._plan import Plan
 from plancache.testing import GiB
 from tests.cli.helpers import ok, record_bytes, run, write_raw
 

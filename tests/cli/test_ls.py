@@ -79,7 +79,7 @@ def test_ls_uses_the_environment(tmp_path: Path, store: LocalFixture) -> None:
 def test_local_commands_import_no_cloud_client(store: LocalFixture) -> None:
     root, _, _ = store
     code = (
-        "import sys; from plancache.cli import main; main(['stats', sys.argv[1]]); "
+        "import sys; from plancache._command.cli import main; main(['stats', sys.argv[1]]); "
         "print(sorted(m for m in ('s3fs', 'gcsfs', 'botocore') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from plancache import fingerprint, open_store
-from plancache.fingerprint import object_name
+from plancache._keys import object_name
 from tests.cli.helpers import named_plan, run
 from tests.helpers import ODD_ENTRIES, plant_odd_entry
 

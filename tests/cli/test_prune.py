@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from plancache import open_store
-from plancache.fingerprint import object_name
+from plancache._keys import object_name
 from plancache.testing import GiB
 from tests.cli.helpers import LocalFixture, frontier_plan, ok, run
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from plancache import Plan, fingerprint, open_store
-from plancache.fingerprint import Scalar
-from plancache.plan import MAX_RECORD_BYTES
+from plancache._keys import Scalar
+from plancache._plan import MAX_RECORD_BYTES
 from plancache.testing import GiB
 from tests.cli.helpers import (
     LocalFixture,

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from plancache import PlanStore, open_store
-from plancache.backends.local import LocalStore
-from plancache.fingerprint import object_name
-from plancache.signing import NO_KEYS, Keyring, key_id
+from plancache._backends.local import LocalStore
+from plancache._keys import object_name
+from plancache._signing import NO_KEYS, Keyring, key_id
 from plancache.testing import GiB, child_env
 from plancache.testing.plans import newer_schema_record
 from tests.cli.helpers import RemoteSpec, failure, named_plan, ok, record_bytes, run, write_raw

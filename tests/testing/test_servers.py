@@ -12,7 +12,7 @@ import time
 import pytest
 
 from plancache import InvalidPlanError, PutOutcome, open_store
-from plancache.fingerprint import object_name
+from plancache._keys import object_name
 from plancache.testing import child_env, make_plan
 from plancache.testing.hostile import FixedResponseServer, Reply, ScriptedServer
 from plancache.testing.servers import (

@@ -32,7 +32,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from plancache.units import GiB
+from plancache._units import GiB
 
 
 def main() -> None:
@@ -306,7 +306,7 @@ def seed(worker: Any, kv: int, baseline: int, options: str | None) -> None:
     """Write a record with ``worker``'s key and one observation straight to the store at
     ``PLANCACHE_URL`` (no local tier)."""
     from plancache import Plan, open_store
-    from plancache.config import parse_storage_options
+    from plancache._config import parse_storage_options
     from plancache.integrations.vllm import worker_factors
     from plancache.integrations.vllm.factors import as_scalars
 

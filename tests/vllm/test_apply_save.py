@@ -12,7 +12,7 @@ import pytest
 
 import plancache.integrations.vllm as plugin
 from plancache import Plan, PlanCache
-from plancache.backends.local import LocalStore
+from plancache._backends.local import LocalStore
 from plancache.integrations.vllm import BootMode, apply
 from plancache.testing import GiB
 from tests.vllm.support import booted, key_of, stored

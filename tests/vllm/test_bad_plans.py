@@ -16,7 +16,7 @@ import pytest
 
 import plancache.integrations.vllm as plugin
 from plancache import Plan, open_store
-from plancache.breaker import CRASHED_SUFFIX, MARK_SUFFIX, Mark, Process
+from plancache._breaker import CRASHED_SUFFIX, MARK_SUFFIX, Mark, Process
 from plancache.integrations.vllm import BootMode, apply
 from plancache.integrations.vllm.factors import as_scalars
 from plancache.testing import GiB

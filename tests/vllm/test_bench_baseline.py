@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.local_costs import vllm_load_plan
-from plancache.backends.local import LocalStore
-from plancache.fingerprint import object_name
-from plancache.plan import SCHEMA
+from plancache._backends.local import LocalStore
+from plancache._keys import object_name
+from plancache._plan import SCHEMA
 from plancache.testing import make_plan
 from tests.vllm.support import vllm_installed
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from plancache import open_store
-from plancache.artifacts.archive import installed_manifest
-from plancache.artifacts.inventory import names as artifact_names
-from plancache.artifacts.manifest import parse_object_name
-from plancache.artifacts.share import ArtifactStore, CompileSettings
-from plancache.config import Settings
-from plancache.signing import Keyring
+from plancache._artifacts.archive import installed_manifest
+from plancache._artifacts.manifest import parse_object_name
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
+from plancache._inventory.artifacts import names as artifact_names
+from plancache._signing import Keyring
 from plancache.testing import child_env
 from plancache.testing.servers import FakeGCS, MotoS3
 from tests.vllm import support

@@ -10,7 +10,7 @@ from typing import get_type_hints
 import pytest
 
 import plancache.integrations.vllm as plugin
-from plancache import inventory
+from plancache._inventory import plans as inventory
 from plancache.integrations.vllm import factors
 from plancache.integrations.vllm.factors import DeviceFactors, WorkerFactors
 from plancache.integrations.vllm.worker import WorkerLike

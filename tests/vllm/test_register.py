@@ -13,8 +13,8 @@ from types import ModuleType
 import pytest
 
 import plancache.integrations.vllm as plugin
+from plancache._signing import key_id
 from plancache.integrations.vllm import apply, patch, registration
-from plancache.signing import key_id
 from plancache.testing import child_env
 from tests.vllm.support import REPO, STANDIN, booted, load_standin, run_python, vllm_installed
 

@@ -19,7 +19,7 @@ Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point
 the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
 worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetched from and
-uploaded to the same store: see ``plancache.artifacts``).
+uploaded to the same store: see ``plancache._artifacts``).
 Importing this package imports neither vLLM nor torch, and its names load on first use
 (PEP 562): vLLM imports it in every process, and a process where the plugin is off loads
 only ``registration`` and ``enable``.
@@ -31,6 +31,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from plancache._switches import enabled
     from plancache.integrations.vllm.apply import (
         Boot,
         BootMode,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
         maybe_apply_startup_plan,
         warmed_up,
     )
-    from plancache.integrations.vllm.enable import enabled
     from plancache.integrations.vllm.factors import (
         WorkerFactors,
         device_factors,

@@ -18,14 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from plancache import background
-from plancache.background import Job
-from plancache.cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache import _background as background
+from plancache._background import Job
+from plancache._cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache._gate import Budget, implausible
+from plancache._keys import Scalar
+from plancache._observation import Observation
+from plancache._switches import enabled
+from plancache._units import gib_text
 from plancache.errors import ConfigError
-from plancache.fingerprint import Scalar
-from plancache.gate import Budget, implausible
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
-from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import (
     WorkerFactors,
     as_scalars,
@@ -33,12 +35,10 @@ from plancache.integrations.vllm.factors import (
     worker_labels,
 )
 from plancache.integrations.vllm.worker import WorkerLike, memory_figures
-from plancache.observation import Observation
-from plancache.units import gib_text
 
 if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
-    from plancache.breaker import Breaker, Mark
-    from plancache.config import Settings
+    from plancache._breaker import Breaker, Mark
+    from plancache._config import Settings
 
 log = logging.getLogger("plancache.vllm")
 
@@ -122,7 +122,7 @@ def _settings() -> Settings:
     if _config_error is not None:
         raise ConfigError(_config_error)
     if _env_settings is None:
-        from plancache.config import Settings
+        from plancache._config import Settings
 
         try:
             _env_settings = Settings.from_env()
@@ -152,7 +152,7 @@ def get_breaker() -> Breaker:
     global _breaker
     with _lock:
         if _breaker is None:
-            from plancache.breaker import Breaker
+            from plancache._breaker import Breaker
 
             _breaker = Breaker.from_settings(_settings())
         return _breaker

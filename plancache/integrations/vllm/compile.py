@@ -10,7 +10,7 @@ whether or not a ``Worker`` is involved. The wrapper:
    a boot died with (between its load and the end of the first forward) is avoided, its
    installed copy removed (vLLM compiles) and it is retracted from the store;
 2. if ``model`` is missing locally, fetches the artifact of (key, rank) and installs it
-   (``plancache.artifacts``: trusted and verified, atomically), and leaves a crash mark.
+   (``plancache._artifacts``: trusted and verified, atomically), and leaves a crash mark.
    Steps 1 and 2 start when the model is built (``_support_torch_compile`` is wrapped too:
    its classes compute the path as vLLM's first forward will, in a daemon thread), so the
    fetch overlaps the weights' loading; the first forward joins it (or, for a model built
@@ -44,10 +44,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plancache import background
-from plancache.artifacts.archive import TEMP_PREFIX, installed_manifest
-from plancache.artifacts.manifest import Manifest, check_key, check_rank
-from plancache.artifacts.share import (
+from plancache import _background as background
+from plancache._artifacts.archive import TEMP_PREFIX, installed_manifest
+from plancache._artifacts.manifest import Manifest, check_key, check_rank
+from plancache._artifacts.share import (
     MARKS_DIR,
     ArtifactStore,
     CompileSettings,
@@ -56,10 +56,10 @@ from plancache.artifacts.share import (
     artifact_id,
     as_observation,
 )
-from plancache.background import Job
-from plancache.breaker import Breaker, Mark
+from plancache._background import Job
+from plancache._breaker import Breaker, Mark
+from plancache._observation import Observation
 from plancache.integrations.vllm.apply import safely
-from plancache.observation import Observation
 
 log = logging.getLogger("plancache.vllm")
 
@@ -118,7 +118,7 @@ def _start_opening() -> None:
 
 def _open() -> None:
     global _store
-    from plancache.config import Settings
+    from plancache._config import Settings
 
     try:
         store = ArtifactStore(Settings.from_env(), settings())
@@ -137,7 +137,7 @@ def store() -> ArtifactStore | None:
 
 
 def breaker() -> Breaker:
-    from plancache.config import Settings
+    from plancache._config import Settings
 
     return Breaker(Path(Settings.from_env().local_dir) / MARKS_DIR)
 

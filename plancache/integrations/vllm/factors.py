@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import TypedDict, cast
 
-from plancache.fingerprint import Scalar
+from plancache._keys import Scalar
+from plancache._plan import DEVICE_FACTOR, MAX_LABEL_TEXT, MODEL_LABEL
 from plancache.integrations.vllm.worker import WorkerLike
-from plancache.plan import DEVICE_FACTOR, MAX_LABEL_TEXT, MODEL_LABEL
 
 MEMORY_ENVS = (
     "VLLM_USE_NCCL_SYMM_MEM",

@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 
-from plancache.integrations.vllm.enable import compile_wanted, enabled
+from plancache._switches import compile_wanted, enabled
 
 log = logging.getLogger("plancache.vllm")
 

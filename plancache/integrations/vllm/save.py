@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from plancache import background
-from plancache.background import Job
-from plancache.cache import Recorded
+from plancache import _background as background
+from plancache._background import Job
+from plancache._cache import Recorded
+from plancache._switches import enabled
 from plancache.integrations.vllm.apply import BootMode, boot_of, get_cache, safely
-from plancache.integrations.vllm.enable import enabled
 from plancache.integrations.vllm.factors import as_scalars
 from plancache.integrations.vllm.worker import WorkerLike
 

@@ -15,7 +15,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from plancache.units import GiB
+from plancache._units import GiB
 
 
 def maybe_apply_startup_plan(worker: Worker) -> None:

@@ -1,0 +1,388 @@
+"""Pack a rank's AOT directory into a stream; verify a stream and install it (local I/O).
+
+The stream is a ustar archive: the manifest first (``.plancache/manifest.json``), then one
+regular file per manifest entry, in the manifest's order; zstd-compressed when ``zstandard``
+is importable (a reader recognises either by the first bytes). Both sides work in chunks of
+``CHUNK`` bytes: memory does not grow with the artifact's size.
+
+``install`` never writes outside the target directory and never installs an unverified byte:
+it reads the manifest first (checked, then judged by the caller's ``accept`` before any file
+is written), writes each file into a private temp directory below the target (``O_EXCL``,
+``O_NOFOLLOW``, mode 0o644/0o755 only), checks its size and sha256, and requires the archive
+to end right after the last entry. Only then are the files moved in: each ``inductor_cache/``
+file by a hard link (create-if-absent: a file already there is kept), then the rank
+directory by one ``rename`` (vLLM looks for ``<rank>/model``, which therefore appears only
+with all its kernels in place). Any failure removes the temp directory: a tampered, truncated
+or foreign stream leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import stat
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Protocol, cast
+
+from plancache._artifacts.manifest import (
+    DEFAULT_MAX_BYTES,
+    INDUCTOR_DIR,
+    MANIFEST_NAME,
+    MAX_FILES,
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    check_path,
+)
+from plancache._signing import NO_KEYS, Keyring
+from plancache.errors import ArtifactError as ArtifactError  # raised here, named there
+from plancache.errors import InvalidPlanError, UnreadableHereError
+
+log = logging.getLogger("plancache")
+
+CHUNK = 1 << 20
+BLOCK = 512
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+INSTALLED_MANIFEST = ".plancache-manifest.json"
+"""A copy of the manifest kept in an installed rank directory (names what was installed)."""
+TEMP_PREFIX = ".plancache-tmp-"
+STALE_INSTALL_S = 3600.0
+"""Age past which an install's temp directory is a killed boot's leftover (a live install
+takes seconds to minutes)."""
+
+
+class Readable(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+def zstd_available() -> bool:
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- packing ---------------------------------------------------------------------------------
+def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[FileEntry]:
+    """Every regular file of ``root/inductor_cache`` and ``root/rank`` (``root`` is vLLM's
+    ``<key>`` directory) with its digest; plancache's own files and vLLM's temp files are
+    left out. ``ArtifactError`` if the rank has no ``model``, a name is unsafe, or a cap is
+    exceeded."""
+    entries: list[FileEntry] = []
+    total = 0
+    for top in (INDUCTOR_DIR, rank):
+        for dirpath, dirnames, filenames in os.walk(root / top):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".plancache"))
+            for name in sorted(filenames):
+                if name.startswith(".plancache") or name.endswith(".tmp"):
+                    continue
+                path = Path(dirpath) / name
+                rel = path.relative_to(root).as_posix()
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # vLLM writes regular files only; nothing else is shared
+                try:
+                    check_path(rel, rank)
+                except InvalidPlanError as exc:
+                    raise ArtifactError(str(exc)) from None
+                total += st.st_size
+                if total > max_bytes or len(entries) >= MAX_FILES:
+                    raise ArtifactError(f"over the caps ({max_bytes} bytes, {MAX_FILES} files)")
+                mode = 0o755 if st.st_mode & 0o111 else 0o644
+                entries.append(FileEntry(rel, st.st_size, _digest(path), mode))
+    if f"{rank}/model" not in {e.path for e in entries}:
+        raise ArtifactError(f"{root / rank} holds no model")
+    return entries
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _header(name: str, size: int, mode: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime, info.type = size, mode, 0, tarfile.REGTYPE
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+def tar_chunks(root: Path, manifest: Manifest) -> Iterator[bytes]:
+    """The uncompressed archive of ``manifest``'s files under ``root``, in chunks. Each file
+    is digested again as it is read: one that changed since ``scan`` raises
+    ``ArtifactError`` (the caller's upload is then abandoned, never completed)."""
+    data = manifest.encode()
+    yield _header(MANIFEST_NAME, len(data), 0o644) + data + _padding(len(data))
+    for entry in manifest.files:
+        yield _header(entry.path, entry.size, entry.mode)
+        h, size = hashlib.sha256(), 0
+        fd = os.open(root / entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            while size < entry.size and (chunk := f.read(min(CHUNK, entry.size - size))):
+                h.update(chunk)
+                size += len(chunk)
+                yield chunk
+        if size != entry.size or h.hexdigest() != entry.sha256:
+            raise ArtifactError(f"{entry.path} changed while it was uploaded")
+        yield _padding(entry.size)
+    yield b"\0" * (2 * BLOCK)
+
+
+def compressed(chunks: Iterator[bytes], level: int = 3) -> Iterator[bytes]:
+    """``chunks`` as one zstd frame, in chunks (bounded memory)."""
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=level).compressobj()
+    for chunk in chunks:
+        out = compressor.compress(chunk)
+        if out:
+            yield out
+    yield compressor.flush()
+
+
+def pack(
+    root: Path,
+    key: str,
+    rank: str,
+    *,
+    keyring: Keyring = NO_KEYS,
+    labels: dict[str, object] | None = None,
+    producer: dict[str, object] | None = None,
+    compress: bool = True,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    created_at: float | None = None,
+) -> tuple[Manifest, Iterator[bytes]]:
+    """The manifest of ``root``'s files for ``rank`` (signed when ``keyring`` can sign;
+    ``created_at`` default: now) and the stream of the artifact (compressed when asked and
+    ``zstandard`` is importable)."""
+    files = tuple(scan(root, key, rank, max_bytes=max_bytes))
+    manifest = Manifest(key, rank, files, producer=producer or {}, labels=labels or {})
+    if created_at is not None:
+        manifest = replace(manifest, created_at=created_at)
+    manifest = manifest.signed_with(keyring)
+    chunks = tar_chunks(root, manifest)
+    if compress and zstd_available():
+        chunks = compressed(chunks)
+    return manifest, chunks
+
+
+# -- reading ---------------------------------------------------------------------------------
+class _Stream:
+    """A stream with a pushback buffer: ``read`` (what is there, at most ``n``, for a
+    decompressor) and ``exact`` (exactly ``n`` bytes, ``ArtifactError`` if it ends)."""
+
+    def __init__(self, source: Readable) -> None:
+        self.source = source
+        self.buffer = b""
+
+    def read(self, n: int = CHUNK) -> bytes:
+        if self.buffer:
+            data, self.buffer = self.buffer[:n], self.buffer[n:]
+            return data
+        return self.source.read(n)
+
+    def exact(self, n: int) -> bytes:
+        parts, have = [], 0
+        while have < n:
+            chunk = self.read(max(n - have, CHUNK))
+            if not chunk:
+                raise ArtifactError("artifact stream ended early (truncated)")
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        self.buffer = data[n:] + self.buffer
+        return data[:n]
+
+
+def _decompressing(source: Readable) -> _Stream:
+    raw = _Stream(source)
+    head = raw.exact(4)
+    raw.buffer = head + raw.buffer
+    if head != ZSTD_MAGIC:
+        return raw
+    try:
+        import zstandard
+    except ImportError:
+        raise UnreadableHereError(
+            "artifact is zstd-compressed and zstandard is not installed here "
+            "(pip install 'plancache[zstd]')"
+        ) from None
+    reader = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw))  # reads by read()
+    return _Stream(_Unzstd(reader, zstandard.ZstdError))
+
+
+class _Unzstd:
+    """A zstd stream reader whose decoding errors are ``ArtifactError`` (corrupt data)."""
+
+    def __init__(self, reader: Readable, error: type[Exception]) -> None:
+        self.reader, self.error = reader, error
+
+    def read(self, n: int, /) -> bytes:
+        try:
+            return self.reader.read(n)
+        except self.error as exc:
+            raise ArtifactError(f"artifact stream is corrupt: {exc}") from None
+
+
+def _member(stream: _Stream) -> tarfile.TarInfo:
+    """The next member's header: a regular file of a ustar archive (nothing else is read)."""
+    block = stream.exact(BLOCK)
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "strict")
+    except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
+        raise ArtifactError("artifact archive ends before its last file") from None
+    except (tarfile.HeaderError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"artifact archive header is malformed: {exc}") from None
+    if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        raise ArtifactError(f"artifact member {info.name!r:.60} is not a regular file")
+    return info
+
+
+def read_manifest(source: Readable, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
+    """The manifest at the head of an artifact stream (the rest is not read)."""
+    return _read_manifest(_decompressing(source), max_bytes)
+
+
+def _read_manifest(stream: _Stream, max_bytes: int) -> Manifest:
+    info = _member(stream)
+    if info.name != MANIFEST_NAME or info.size > MAX_MANIFEST_BYTES:
+        raise ArtifactError("artifact stream does not start with its manifest")
+    data = stream.exact(info.size)
+    stream.exact(-info.size % BLOCK)
+    try:
+        return Manifest.decode(data, max_bytes=max_bytes)
+    except InvalidPlanError as exc:
+        raise ArtifactError(f"artifact manifest is invalid: {exc}") from None
+
+
+def install(
+    source: Readable,
+    target: Path,
+    key: str,
+    rank: str,
+    *,
+    accept: Callable[[Manifest], str | None],
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Manifest | None:
+    """Verify the artifact stream ``source`` and install it into ``target`` (vLLM's ``<key>``
+    directory), as the module docstring says. ``accept(manifest)`` returns None to go on, or
+    the reason to refuse it (trust). Returns the manifest installed, or None when the rank
+    directory was already there (another process installed or compiled it: kept). Raises
+    ``ArtifactError`` (nothing installed) for anything else."""
+    stream = _decompressing(source)
+    manifest = _read_manifest(stream, max_bytes)
+    if (manifest.key, manifest.rank) != (key, rank):
+        raise ArtifactError(f"foreign artifact: it is {manifest.key[:12]}/{manifest.rank}")
+    reason = accept(manifest)
+    if reason is not None:
+        raise ArtifactError(f"artifact refused: {reason}")
+    target.mkdir(parents=True, exist_ok=True)
+    temp = target / f"{TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    temp.mkdir(mode=0o700)
+    try:
+        for entry in manifest.files:
+            _extract(stream, temp, entry)
+        if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
+            raise ArtifactError("artifact archive holds more than its manifest lists")
+        (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
+        return manifest if _move_in(temp, target, manifest) else None
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[Path]:
+    """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory) left
+    more than ``older_than`` seconds ago: their boots were killed mid-install."""
+    cutoff = time.time() - older_than
+    try:
+        entries = list(os.scandir(target))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in entries:
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
+                out.append(Path(entry.path))
+    return out
+
+
+def remove_partial_installs(
+    target: Path, older_than: float = STALE_INSTALL_S, *, dry_run: bool = False
+) -> int:
+    """Remove what ``partial_installs`` finds; how many were (or would be) removed."""
+    stale = partial_installs(target, older_than)
+    for path in stale if not dry_run else ():
+        shutil.rmtree(path, ignore_errors=True)
+    return len(stale)
+
+
+def compile_cache(vllm_cache_root: Path) -> Path:
+    """Where vLLM keeps its AOT compile artifacts, one ``<key>`` directory each."""
+    return vllm_cache_root / "torch_compile_cache" / "torch_aot_compile"
+
+
+def _extract(stream: _Stream, temp: Path, entry: FileEntry) -> None:
+    info = _member(stream)
+    if info.name != entry.path or info.size != entry.size:
+        raise ArtifactError(f"artifact member {info.name!r:.60} is not the manifest's next file")
+    dest = temp / entry.path
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    h, left = hashlib.sha256(), entry.size
+    with os.fdopen(fd, "wb") as f:
+        while left:
+            chunk = stream.exact(min(CHUNK, left))
+            h.update(chunk)
+            f.write(chunk)
+            left -= len(chunk)
+        os.fchmod(f.fileno(), entry.mode)
+    if h.hexdigest() != entry.sha256:
+        raise ArtifactError(f"{entry.path}: content does not match its digest (tampered)")
+    stream.exact(-entry.size % BLOCK)
+
+
+def _move_in(temp: Path, target: Path, manifest: Manifest) -> bool:
+    """Kernels first (each one create-if-absent), the rank directory last, in one rename.
+    False if the rank directory was already there."""
+    for entry in manifest.files:
+        if not entry.path.startswith(f"{INDUCTOR_DIR}/"):
+            continue
+        dest = target / entry.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.link(temp / entry.path, dest)
+    rank_dir = target / manifest.rank
+    try:
+        os.rename(temp / manifest.rank, rank_dir)
+    except OSError:
+        if (rank_dir / "model").exists():
+            return False
+        raise
+    return True
+
+
+def installed_manifest(rank_dir: Path) -> Manifest | None:
+    """The manifest plancache left in an installed rank directory, or None."""
+    try:
+        return Manifest.decode((rank_dir / INSTALLED_MANIFEST).read_bytes())
+    except (OSError, InvalidPlanError):
+        return None

@@ -1,0 +1,221 @@
+"""The manifest of a compile artifact, its object name and its signature (pure).
+
+A manifest names the artifact (vLLM's ``key``, the ``rank`` directory ``rank_<r>_<dp>``) and
+lists every file installed, each with its relative path, size, sha256 and mode (0o644 or
+0o755: no other bits are ever installed). Its canonical encoding without the signature
+(``payload``: orjson, sorted keys) is what a key signs, so a valid signature covers every
+byte installed. ``decode`` checks everything a reader relies on before any file is written:
+paths (relative, below ``inductor_cache/`` or the rank directory, no ``.``/``..``, a safe
+character set), the file-count and size caps, and the digests' form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from plancache._plan import Signature
+from plancache._signing import Keyring, SignatureVerdict
+from plancache.errors import InvalidPlanError, UnreadableHereError
+
+FORMAT = 1
+MANIFEST_NAME = ".plancache/manifest.json"
+"""The first member of every artifact's tar stream."""
+MAX_MANIFEST_BYTES = 8 << 20
+MAX_FILES = 20_000
+"""Most files one artifact may hold (vLLM's tiny CPU model: 45)."""
+MAX_PATH_CHARS = 250
+"""Longest relative path (fits a ustar header's prefix and name fields)."""
+DEFAULT_MAX_BYTES = 4 << 30
+"""Default cap on an artifact's total file size (``PLANCACHE_COMPILE_MAX_BYTES``)."""
+INDUCTOR_DIR = "inductor_cache"
+MODES = (0o644, 0o755)
+NAME_PREFIX = "compile_artifact_"
+NAME_SUFFIX = ".tar"
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_RANK = re.compile(r"rank_[0-9]{1,6}_[0-9]{1,6}")
+_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,127}")
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise InvalidPlanError("an artifact key is 64 lowercase hex digits")
+    return key
+
+
+def check_rank(rank: object) -> str:
+    if not isinstance(rank, str) or not _RANK.fullmatch(rank):
+        raise InvalidPlanError("an artifact rank is rank_<r>_<dp>")
+    return rank
+
+
+def object_name(key: str, rank: str) -> str:
+    """``compile_artifact_<key>_<rank>.tar``; ``InvalidPlanError`` for a malformed part."""
+    return f"{NAME_PREFIX}{check_key(key)}_{check_rank(rank)}{NAME_SUFFIX}"
+
+
+def parse_object_name(name: str) -> tuple[str, str] | None:
+    """(key, rank) of an artifact's object base name, or None for any other name."""
+    if not (name.startswith(NAME_PREFIX) and name.endswith(NAME_SUFFIX)):
+        return None
+    middle = name[len(NAME_PREFIX) : -len(NAME_SUFFIX)]
+    key, _, rank = middle.partition("_")
+    if _KEY.fullmatch(key) and _RANK.fullmatch(rank):
+        return key, rank
+    return None
+
+
+def check_path(path: object, rank: str) -> str:
+    """``path`` if it is a safe relative path below ``inductor_cache/`` or ``rank/``."""
+    if not isinstance(path, str) or len(path) > MAX_PATH_CHARS:
+        raise InvalidPlanError(f"artifact path {path!r:.60} is not a string of <= 250 chars")
+    parts = path.split("/")
+    if len(parts) < 2 or parts[0] not in (INDUCTOR_DIR, rank):
+        raise InvalidPlanError(f"artifact path {path!r:.60} is outside {INDUCTOR_DIR}/ and {rank}/")
+    for part in parts:
+        if not _COMPONENT.fullmatch(part) or part in (".", ".."):
+            raise InvalidPlanError(f"artifact path {path!r:.60} has an unsafe component")
+    return path
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file: relative path, size in bytes, sha256 hex of its content, mode."""
+
+    path: str
+    size: int
+    sha256: str
+    mode: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, obj: object, rank: str) -> FileEntry:
+        if not isinstance(obj, dict) or set(obj) != {"path", "size", "sha256", "mode"}:
+            raise InvalidPlanError("a manifest entry has path, size, sha256 and mode only")
+        size, sha, mode = obj["size"], obj["sha256"], obj["mode"]
+        if type(size) is not int or size < 0:
+            raise InvalidPlanError("a manifest entry's size is an int >= 0")
+        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+            raise InvalidPlanError("a manifest entry's sha256 is 64 lowercase hex digits")
+        if type(mode) is not int or mode not in MODES:
+            raise InvalidPlanError("a manifest entry's mode is 0o644 or 0o755")
+        return cls(check_path(obj["path"], rank), size, sha, mode)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What an artifact holds (see the module docstring)."""
+
+    key: str
+    rank: str
+    files: tuple[FileEntry, ...]
+    created_at: float = field(default_factory=time.time)
+    producer: Mapping[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    signature: Signature | None = None
+
+    @property
+    def total_size(self) -> int:
+        return sum(e.size for e in self.files)
+
+    @property
+    def name(self) -> str:
+        return object_name(self.key, self.rank)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "key": self.key,
+            "rank": self.rank,
+            "files": [e.to_dict() for e in self.files],
+            "created_at": self.created_at,
+            "producer": dict(self.producer),
+            "labels": dict(self.labels),
+        }
+
+    def payload(self) -> bytes:
+        """The canonical bytes a signature covers (everything but the signature)."""
+        return orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of ``payload``: names this artifact's content (every file's digest)."""
+        return hashlib.sha256(self.payload()).hexdigest()
+
+    def encode(self) -> bytes:
+        body = self._body()
+        if self.signature is not None:
+            body["signature"] = self.signature.to_dict()
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+    def signed_with(self, keyring: Keyring) -> Manifest:
+        """Signed with ``keyring``'s signing key, or as it is when it holds none."""
+        if not keyring.can_sign:
+            return self
+        return replace(self, signature=keyring.sign_payload(self.payload()))
+
+    def verdict(self, keyring: Keyring) -> SignatureVerdict:
+        return keyring.verdict_payload(self.payload(), self.signature)
+
+    @classmethod
+    def decode(cls, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
+        """Parse and check a manifest (see the module docstring); ``InvalidPlanError``."""
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise InvalidPlanError("artifact manifest over its size limit")
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidPlanError(f"artifact manifest is not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise InvalidPlanError("not an artifact manifest")
+        form = obj.get("format")
+        if isinstance(form, int) and not isinstance(form, bool) and form > FORMAT:
+            raise UnreadableHereError(
+                f"artifact manifest of format {form}, newer than this plancache reads ({FORMAT})"
+            )
+        if form != FORMAT:
+            raise InvalidPlanError(f"not an artifact manifest of format {FORMAT}")
+        rank = check_rank(obj.get("rank"))
+        files = obj.get("files")
+        if not isinstance(files, list) or len(files) > MAX_FILES:
+            raise InvalidPlanError(f"an artifact lists at most {MAX_FILES} files")
+        entries = tuple(FileEntry.from_dict(f, rank) for f in files)
+        paths = [e.path for e in entries]
+        if len(set(paths)) != len(paths):
+            raise InvalidPlanError("an artifact lists a path twice")
+        prefixes = {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1)}
+        if prefixes & set(paths):
+            raise InvalidPlanError("an artifact lists a path that is also a directory")
+        if f"{rank}/model" not in paths:
+            raise InvalidPlanError(f"an artifact holds {rank}/model")
+        created, producer, labels = obj.get("created_at"), obj.get("producer"), obj.get("labels")
+        if not isinstance(created, (int, float)) or isinstance(created, bool):
+            raise InvalidPlanError("an artifact's created_at is a number")
+        if not isinstance(producer, dict) or not isinstance(labels, dict):
+            raise InvalidPlanError("an artifact's producer and labels are objects")
+        sig = obj.get("signature")
+        manifest = cls(
+            check_key(obj.get("key")),
+            rank,
+            entries,
+            float(created),
+            producer,
+            labels,
+            None if sig is None else Signature.from_dict(sig),
+        )
+        if manifest.total_size > max_bytes:
+            raise UnreadableHereError(
+                f"artifact of {manifest.total_size} bytes, over {max_bytes} (this process's "
+                "cap, PLANCACHE_COMPILE_MAX_BYTES)"
+            )
+        return manifest

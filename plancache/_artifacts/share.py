@@ -1,0 +1,393 @@
+"""Fetch, install, upload and retract compile artifacts under plancache's settings (glue).
+
+Settings (besides the plans' ``PLANCACHE_URL``, local tier, read-only mode and keys):
+
+- ``PLANCACHE_COMPILE_CACHE``: 1 or 0; default: on wherever the vLLM plugin is enabled.
+- ``PLANCACHE_COMPILE_TRUST_UNSIGNED``: 1 to install unsigned artifacts from a remote store
+  when no key is configured (default 0: loading an artifact executes its code).
+- ``PLANCACHE_COMPILE_MAX_BYTES``: cap on an artifact's files (default 4 GiB).
+- ``PLANCACHE_COMPILE_TIMEOUT``: seconds a fetch may take in all (default 60; past it, the
+  node compiles as usual).
+- ``PLANCACHE_COMPILE_EXIT_WAIT``: seconds an upload in flight may delay the process's exit
+  (default 30; then it is abandoned and nothing is stored).
+
+Trust: with any signing or verify key configured, only artifacts validly signed by an
+accepted key are installed, from any store. Without a key, artifacts from a local store or
+the local tier are installed only where no other user could have written them (the
+directory and the file owned by this user or root, neither writable by group or others:
+``backends.local.foreign_writers``; else refused with one warning naming the place and the
+fix), and artifacts from a remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``, and
+never unsigned from a store the conformance probe found to ignore write preconditions
+(``plancache._probe``).
+
+Lying stores: the store is opened as plans' is (``Settings.open_store``: lazily, behind the
+conformance guard, read-only mode), so a remote object store is written (uploads,
+retractions) only when the conformance probe found it honest (``backends.guarded``), unless
+``PLANCACHE_TRUST_PRECONDITIONS=1``; the probe runs on the upload's background thread, never
+on a fetch's path, which reads only a verdict already known.
+
+Stores: the local tier first (when one is configured), then the store ``PLANCACHE_URL``
+names. An upload writes the remote store (never in read-only mode), then the local tier,
+each create-if-absent: the first artifact stored for a key serves everyone. A retraction
+deletes only the version it judged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from plancache import _background as background
+from plancache._artifacts.archive import (
+    Readable,
+    install,
+    pack,
+    read_manifest,
+    remove_partial_installs,
+)
+from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
+from plancache._backends.guarded import GuardedStore
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
+from plancache._background import Job
+from plancache._config import Settings, is_remote
+from plancache._objects import ObjectLayer, Opened
+from plancache._observation import Observation
+from plancache._parse import parse_bool, parse_timeout
+from plancache._probe import StoreVerdict
+from plancache._signing import SignatureVerdict
+from plancache._store import PlanStore, beneath
+from plancache.errors import ArtifactError, ConfigError, PlanStoreError, PlanStoreReadOnlyError
+
+log = logging.getLogger("plancache")
+
+DEFAULT_FETCH_S = 60.0
+DEFAULT_EXIT_WAIT_S = 30.0
+MARKS_DIR = "compile_marks"
+"""The crash-loop breaker's marks for artifacts, in the node's local directory."""
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """The ``PLANCACHE_COMPILE_*`` settings (see the module docstring)."""
+
+    enabled: bool = True
+    trust_unsigned: bool = False
+    max_bytes: int = DEFAULT_MAX_BYTES
+    fetch_timeout: float = DEFAULT_FETCH_S
+    exit_wait: float = DEFAULT_EXIT_WAIT_S
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CompileSettings:
+        """Raises ``ConfigError`` naming a malformed variable."""
+        from plancache._switches import compile_on
+
+        env = os.environ if environ is None else environ
+        on = compile_on(env)
+        size = env.get("PLANCACHE_COMPILE_MAX_BYTES", str(DEFAULT_MAX_BYTES)).strip()
+        if not size.isdigit() or int(size) <= 0:
+            raise ConfigError(f"PLANCACHE_COMPILE_MAX_BYTES={size!r}: expected bytes (> 0)")
+        return cls(
+            on,
+            parse_bool(
+                "PLANCACHE_COMPILE_TRUST_UNSIGNED", env.get("PLANCACHE_COMPILE_TRUST_UNSIGNED", "0")
+            ),
+            int(size),
+            parse_timeout(
+                "PLANCACHE_COMPILE_TIMEOUT",
+                env.get("PLANCACHE_COMPILE_TIMEOUT", str(DEFAULT_FETCH_S)),
+            ),
+            parse_timeout(
+                "PLANCACHE_COMPILE_EXIT_WAIT",
+                env.get("PLANCACHE_COMPILE_EXIT_WAIT", str(DEFAULT_EXIT_WAIT_S)),
+            ),
+        )
+
+
+def artifact_id(key: str, rank: str) -> str:
+    """The 64-hex name of (key, rank) in the crash-loop breaker."""
+    return hashlib.sha256(object_name(key, rank).encode()).hexdigest()
+
+
+def as_observation(manifest: Manifest) -> Observation:
+    """The breaker's handle on ``manifest`` (its marks name observations): the producer
+    carries the object name and the manifest's digest, which covers every file."""
+    return Observation(
+        1, 1, manifest.created_at, {"artifact": manifest.name, "digest": manifest.digest}
+    )
+
+
+@dataclass
+class Fetched:
+    """What a fetch did: ``manifest`` installed (None: nothing), from ``source``, the reason
+    (``hit``, ``miss``, ``present``, ``untrusted``, ``invalid``, ``store-error``, ``timeout``)
+    and the seconds it took."""
+
+    reason: str
+    manifest: Manifest | None = None
+    source: str = ""
+    seconds: float = 0.0
+
+
+class _Deadline:
+    """A reader that raises ``ArtifactError`` once ``deadline`` (monotonic) has passed."""
+
+    def __init__(self, inner: Readable, deadline: float) -> None:
+        self.inner, self.deadline = inner, deadline
+
+    def read(self, n: int, /) -> bytes:
+        if time.monotonic() > self.deadline:
+            raise ArtifactError("fetch timed out")
+        return self.inner.read(n)
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_foreign(where: str, why: str) -> None:
+    """One warning per process and place: unsigned code from a place other users could
+    have written is refused, and how to fix it."""
+    with _warned_lock:
+        if where in _warned:
+            return
+        _warned.add(where)
+    log.warning(
+        "plancache: compile artifacts in %s are not installed unsigned: %s; make the directory "
+        "and its files this user's and not writable by group or others (chmod 755 / 644), or "
+        "sign artifacts (PLANCACHE_SIGNING_KEY)",
+        where,
+        why,
+    )
+
+
+def lies(store: PlanStore) -> bool:
+    """True if ``store`` is already known to ignore write preconditions (no probe is run:
+    a fetch's path never probes)."""
+    try:
+        guards = [s for s in beneath(store) if isinstance(s, GuardedStore)]
+    except Exception:  # cannot open the client: the fetch reports the store error
+        return False
+    known = guards[0].known() if guards and not guards[0].trust else None
+    return known is not None and known.verdict is StoreVerdict.LIES
+
+
+class ArtifactStore:
+    """The compile artifacts kind on the configured stores (see the module docstring):
+    ``store`` is the stack ``Settings.open_store`` builds (its object layer is the store
+    ``PLANCACHE_URL`` names, behind the conformance guard and read-only mode), ``local`` its
+    local tier."""
+
+    def __init__(
+        self, settings: Settings, compile: CompileSettings, store: PlanStore | None = None
+    ) -> None:
+        self.settings, self.compile = settings, compile
+        self.keyring = settings.keyring
+        self.store = settings.open_store() if store is None else store
+        self.local: PlanStore | None = (
+            self.store.local if isinstance(self.store, TieredStore) else None
+        )
+        self.remote = is_remote(settings.url)
+
+    def _sources(self) -> list[tuple[str, ObjectLayer, bool]]:
+        """(label, object layer, local: trusted without a signature where only this user
+        or root could write it), in reading order."""
+        out: list[tuple[str, ObjectLayer, bool]] = []
+        if self.local is not None:
+            out.append(("local-tier", self.local, True))
+        out.append(("store", self.store, not self.remote))
+        return out
+
+    def judge(
+        self, manifest: Manifest, local: bool, avoid: frozenset[str], foreign: str | None = None
+    ) -> str | None:
+        """None to install ``manifest`` (from a local source if ``local``; ``foreign``: why
+        others could have written it there), else why not."""
+        if as_observation(manifest).digest in avoid:
+            return "gate:crashed-before (a boot on this node died with it)"
+        if self.keyring.requires_signature:
+            verdict = manifest.verdict(self.keyring)
+            return None if verdict is SignatureVerdict.VALID else f"invalid:signature ({verdict})"
+        if local:
+            return None if foreign is None else f"untrusted: unsigned, and {foreign}"
+        if not self.compile.trust_unsigned:
+            return "untrusted: unsigned, from a remote store"
+        if lies(self.store):
+            return "untrusted: unsigned, from a store that ignores write preconditions"
+        return None
+
+    def fetch(
+        self, target: Path, key: str, rank: str, avoid: frozenset[str] = frozenset()
+    ) -> Fetched:
+        """Install the artifact of (key, rank) into ``target`` (vLLM's ``<key>`` directory)
+        from the first source that holds a trusted, valid one; first removes what killed
+        installs left in ``target`` (``remove_partial_installs``). Never raises."""
+        start = time.monotonic()
+        deadline = start + self.compile.fetch_timeout
+        name = object_name(key, rank)
+        result = Fetched("miss")
+        with contextlib.suppress(OSError):
+            remove_partial_installs(target)
+        self._remove_stale_uploads(name)
+        for label, layer, local in self._sources():
+            if not (local or self.compile.trust_unsigned or self.keyring.requires_signature):
+                result = Fetched("untrusted", source=label)
+                continue  # not even downloaded
+            opened: Opened | None = None
+            try:
+                opened = layer.open_object(name)
+                if opened is None:
+                    continue
+                try:
+                    manifest = install(
+                        _Deadline(opened, deadline),
+                        target,
+                        key,
+                        rank,
+                        accept=functools.partial(
+                            self.judge, local=local, avoid=avoid, foreign=opened.foreign
+                        ),
+                        max_bytes=self.compile.max_bytes,
+                    )
+                finally:
+                    opened.close()
+            except ArtifactError as exc:
+                timed_out = time.monotonic() > deadline
+                untrusted = str(exc).startswith("artifact refused: untrusted")
+                reason = "timeout" if timed_out else "untrusted" if untrusted else "invalid"
+                result = Fetched(reason, source=label)
+                if untrusted and opened is not None and opened.foreign is not None:
+                    warn_foreign(f"{layer.url}/{name}", opened.foreign)  # once per place
+                else:
+                    log.warning(
+                        "plancache: compile artifact %s from %s not installed: %s",
+                        name,
+                        label,
+                        exc,
+                    )
+                if timed_out:
+                    break
+                continue
+            except Exception as exc:  # store errors, disk errors: the node compiles
+                result = Fetched("store-error", source=label)
+                log.warning(
+                    "plancache: compile artifact %s from %s: %s: %s",
+                    name,
+                    label,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
+            reason = "hit" if manifest is not None else "present"
+            result = Fetched(reason, manifest, label)
+            break
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _remove_stale_uploads(self, name: str) -> None:
+        """Remove the temp files that killed uploads of ``name`` left in local stores."""
+        layers = [self.local, None if self.remote else self.store]
+        for layer in filter(None, layers):
+            for local in beneath(layer):
+                if isinstance(local, LocalStore):
+                    with contextlib.suppress(PlanStoreError):
+                        local.remove_stale_temp_files(name=name)
+
+    def _destinations(self) -> list[tuple[str, ObjectLayer]]:
+        """Where uploads and retractions write: the store (its object layer refuses writes
+        in read-only mode and where the conformance probe found no honest store), then the
+        local tier."""
+        out: list[tuple[str, ObjectLayer]] = [("store", self.store)]
+        if self.local is not None:
+            out.append(("local-tier", self.local))
+        return out
+
+    def upload(
+        self,
+        root: Path,
+        key: str,
+        rank: str,
+        labels: dict[str, object] | None = None,
+        producer: dict[str, object] | None = None,
+    ) -> dict[str, bool]:
+        """Store ``root``'s (vLLM's ``<key>`` directory) artifact for ``rank``: on the store
+        (unless it refuses writes: read-only, or not found honest; logged), then on the local
+        tier; create-if-absent. Returns {destination: created} (False: an artifact was there
+        already). Raises ``ArtifactError``, or ``PlanStoreError`` from the local tier."""
+        out: dict[str, bool] = {}
+        for label, layer in self._destinations():
+            manifest, chunks = pack(
+                root,
+                key,
+                rank,
+                keyring=self.keyring,
+                labels=labels,
+                producer=producer,
+                max_bytes=self.compile.max_bytes,
+            )
+            try:
+                out[label] = layer.write_object(manifest.name, chunks)
+            except PlanStoreReadOnlyError as exc:
+                log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
+            except PlanStoreError as exc:
+                if label == "local-tier":
+                    raise
+                log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
+        return out
+
+    def retract(self, key: str, rank: str, digest: str) -> list[str]:
+        """Delete the stored artifact of (key, rank) where it is the one whose manifest has
+        ``digest``, and only the version judged (a read-only node deletes from its local
+        tier only); the labels of the stores it was deleted from."""
+        name = object_name(key, rank)
+        gone = []
+        for label, layer in reversed(self._destinations()):
+            try:
+                opened = layer.open_object(name)
+                if opened is None:
+                    continue
+                try:
+                    stored = read_manifest(opened, max_bytes=self.compile.max_bytes)
+                finally:
+                    opened.close()
+                if stored.digest == digest and layer.delete_object(name, opened.version):
+                    gone.append(label)
+            except Exception as exc:
+                log.warning(
+                    "plancache: compile artifact %s not retracted from %s: %s", name, label, exc
+                )
+        return gone
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class Uploads:
+    """Background uploads of one process: jobs on daemon threads (``plancache._background``),
+    waited for at exit at most ``exit_wait`` seconds in all (``wait``); past it they are
+    abandoned (an abandoned upload stores nothing: see ``plancache._objects``)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job[object]] = []
+        self.lock = threading.Lock()
+
+    def start(self, target: Callable[..., object], *args: object) -> Job[object]:
+        job = background.start(functools.partial(target, *args), "plancache-compile-upload")
+        with self.lock:
+            self.jobs.append(job)
+        return job
+
+    def wait(self, timeout: float) -> bool:
+        """Join every upload, ``timeout`` seconds in all; True if none is left running."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            jobs = list(self.jobs)
+        return all([job.join(deadline - time.monotonic()) for job in jobs])

@@ -1,0 +1,276 @@
+"""Never write through a store that ignores the preconditions of conditional writes.
+
+``GuardedStore`` wraps a remote store. Reads and listings go straight through: no probe
+ever runs on a lookup's path. The first write of any kind (a put, rewrite or delete of a
+plan, also one that the stored record turns into no write at all; an object written or
+deleted through the object layer, e.g. a compile artifact) starts the conformance probe
+(``plancache._probe``) in a daemon thread, unless a fresh verdict for this store (URL and
+endpoint) is cached in the local directory, and waits for the verdict (at most the probe's
+own bound, ``PROBE_TIMEOUT_S``). Then, per verdict:
+
+- ``honest``: writes go through;
+- ``lies``: one ERROR line names the store and the step that failed, and every write raises
+  ``StoreIgnoresPreconditionsError`` (a ``PlanStoreReadOnlyError``: a tiered store goes on
+  reading and writing its local tier, as with ``PLANCACHE_READ_ONLY``);
+- ``read-only`` (the credentials may not write): writes raise ``PlanStoreReadOnlyError``;
+- ``unknown`` (a timeout, a server error): writes raise ``PlanStoreUnavailableError``, and a
+  write at least ``RETRY_S`` later probes again.
+
+``honest`` and ``lies`` are cached on disk (``<local dir>/conformance/``, one small JSON file
+per store) and in memory for ``VERDICT_TTL_S`` (one day); the others only in memory, for
+``RETRY_S``. ``trust=True`` (``PLANCACHE_TRUST_PRECONDITIONS=1``) skips the probe and writes
+anyway, logging a WARNING at every open: on a store that ignores preconditions, concurrent
+writers then lose observations and tombstones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plancache import _background as background
+from plancache._backends import open_store
+from plancache._backends._remote import RemoteStore
+from plancache._background import Job
+from plancache._objects import CREATE, WriteMode
+from plancache._plan import Plan
+from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
+from plancache._redaction import scrub
+from plancache._store import ForwardingStore, PlanStore, Put
+from plancache.errors import PlanStoreReadOnlyError, PlanStoreUnavailableError
+from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreconditionsError
+
+log = logging.getLogger("plancache")
+
+VERDICTS_DIR = "conformance"
+"""The subdirectory of the local directory that holds cached verdicts."""
+VERDICT_TTL_S = 86400.0
+"""Seconds an ``honest`` or ``lies`` verdict is trusted before the store is probed again."""
+RETRY_S = 60.0
+"""Seconds before a write probes again after ``unknown`` or ``read-only``."""
+TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
+"""The setting that writes without (or despite) the probe."""
+_KEPT = (StoreVerdict.HONEST, StoreVerdict.LIES)
+
+
+class VerdictCache:
+    """Verdicts of stores, one JSON file each in ``directory``, fresh for ``ttl`` seconds.
+    Fail-open: a file that cannot be read or written is no verdict."""
+
+    def __init__(self, directory: Path, ttl: float = VERDICT_TTL_S) -> None:
+        self.directory = directory
+        self.ttl = ttl
+
+    def _path(self, identity: str) -> Path:
+        return self.directory / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+    def load(self, identity: str) -> tuple[ProbeResult, float] | None:
+        """The fresh verdict cached for ``identity`` and its age in seconds, or None."""
+        try:
+            data = orjson.loads(self._path(identity).read_bytes())
+            result = ProbeResult(StoreVerdict(data["verdict"]), data["step"], str(data["detail"]))
+            age = time.time() - float(data["at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if result.verdict not in _KEPT or not 0 <= age < self.ttl:
+            return None
+        return result, age
+
+    def save(self, identity: str, store: str, result: ProbeResult) -> None:
+        """Cache ``result`` (atomically: a temp file renamed); failures are logged."""
+        record = {
+            "store": store,
+            "verdict": result.verdict.value,
+            "step": result.step,
+            "detail": result.detail,
+            "at": time.time(),
+        }
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".verdict-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(orjson.dumps(record))
+                os.replace(tmp, self._path(identity))
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.warning("plancache: conformance verdict not cached in %s: %s", self.directory, exc)
+
+
+def identity(store: RemoteStore) -> str:
+    """What a verdict is about: the store's URL and the endpoint its client talks to."""
+    return f"{store.url}\n{store.endpoint()}"
+
+
+class GuardedStore(ForwardingStore):
+    """``store`` written only once the conformance probe found it honest (see the module):
+    reads and listings go to it (``ForwardingStore``), each write asks ``check_writable``
+    first."""
+
+    def __init__(
+        self,
+        store: RemoteStore,
+        verdicts: VerdictCache | None,
+        *,
+        trust: bool = False,
+        probe_timeout: float = PROBE_TIMEOUT_S,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self.store = store
+        self.verdicts = verdicts
+        self.trust = trust
+        self.probe_timeout = probe_timeout
+        self.retry_s = retry_s
+        self._lock = threading.Lock()
+        self._result: ProbeResult | None = None
+        self._expires = 0.0
+        self._probing: Job[None] | None = None
+        if trust:
+            log.warning(
+                "plancache: %s=1: writing to %s without checking that it honours conditional "
+                "writes; if it does not, concurrent writers lose observations and tombstones",
+                TRUST_VARIABLE,
+                self.url,
+            )
+
+    @property
+    def inner(self) -> PlanStore:
+        return self.store
+
+    # -- reads go through; writes wait for the verdict ---------------------------------------
+    def put_merged(self, plan: Plan) -> Put:
+        self.check_writable()
+        return super().put_merged(plan)
+
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
+        self.check_writable()
+        return super().rewrite(fp, change)
+
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        self.check_writable()
+        return super().delete_if(fp, doomed)
+
+    def delete(self, fp: str) -> bool:
+        self.check_writable()
+        return super().delete(fp)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        self.check_writable()
+        return super().write_object(name, chunks, mode)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        self.check_writable()
+        return super().delete_object(name, version)
+
+    def check_writable(self) -> None:
+        """Return if the store may be written; else raise what the verdict says (see the
+        module). Waits for the probe where no verdict is known yet."""
+        if self.trust:
+            return
+        result = self.verdict()
+        why = f"{result.step}: {result.detail}" if result.step else result.detail
+        if result.verdict is StoreVerdict.LIES:
+            raise StoreIgnoresPreconditionsError(
+                f"{self.url} ignores write preconditions ({why}): not written "
+                f"(check it with `plancache doctor`; {TRUST_VARIABLE}=1 writes anyway)"
+            )
+        if result.verdict is StoreVerdict.READ_ONLY:
+            raise PlanStoreReadOnlyError(f"{self.url}: the credentials may not write ({why})")
+        if result.verdict is StoreVerdict.UNKNOWN:
+            raise PlanStoreUnavailableError(
+                f"{self.url}: not written: the conformance probe gave no verdict ({why})"
+            )
+
+    def known(self) -> ProbeResult | None:
+        """The verdict already known (in memory or cached on disk), without probing; None
+        if there is none. For read paths, which never probe."""
+        with self._lock:
+            if self._result is not None and time.monotonic() < self._expires:
+                return self._result
+        cached = self.verdicts.load(identity(self.store)) if self.verdicts is not None else None
+        return None if cached is None else cached[0]
+
+    def verdict(self) -> ProbeResult:
+        """The store's verdict: the one known, else that of a probe started now or already
+        running (waiting at most ``probe_timeout`` seconds for it)."""
+        with self._lock:
+            if self._result is not None and time.monotonic() < self._expires:
+                return self._result
+            if self._probing is None or self._probing.done():
+                self._probing = background.start(self._probe, "plancache-probe")
+            probing = self._probing
+        if probing.join(self.probe_timeout + 1.0) and self._result is not None:
+            return self._result
+        return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
+
+    def _probe(self) -> None:
+        """Find the verdict (cached on disk, else by a probe) and keep it in memory."""
+        try:
+            result, expires = self._find()
+        except Exception as exc:  # e.g. the client could not open: no verdict
+            result = ProbeResult(StoreVerdict.UNKNOWN, None, scrub(f"{type(exc).__name__}: {exc}"))
+            expires = self.retry_s
+        self._report(result)
+        with self._lock:
+            self._result = result
+            self._expires = time.monotonic() + expires
+
+    def _find(self) -> tuple[ProbeResult, float]:
+        """(verdict, seconds it stays valid)."""
+        ident = identity(self.store)
+        cached = self.verdicts.load(ident) if self.verdicts is not None else None
+        if cached is not None:
+            return cached[0], VERDICT_TTL_S - cached[1]
+        result = probe(self.store.probe_store(), timeout=self.probe_timeout)
+        if result.verdict in _KEPT:
+            if self.verdicts is not None:
+                self.verdicts.save(ident, self.url, result)
+            return result, VERDICT_TTL_S
+        return result, self.retry_s
+
+    def _report(self, result: ProbeResult) -> None:
+        """One log line per verdict found: ERROR for ``lies``."""
+        where = f"{result.step}: {result.detail}" if result.step else result.detail
+        if result.verdict is StoreVerdict.LIES:
+            log.error(
+                "plancache: %s ignores write preconditions (failed step %s): writing nothing "
+                "to it; lookups and the local tier go on (check it with `plancache doctor`; "
+                "%s=1 writes anyway)",
+                self.url,
+                where,
+                TRUST_VARIABLE,
+            )
+        elif result.verdict is StoreVerdict.HONEST:
+            log.debug("plancache: %s honours write preconditions", self.url)
+        else:
+            log.warning(
+                "plancache: %s: conformance probe: %s (%s); not written until a later probe "
+                "finds it honest",
+                self.url,
+                result.verdict.value,
+                where,
+            )
+
+
+def open_guarded(
+    url: str, storage_options: Mapping[str, Any], local_dir: str | None, *, trust: bool = False
+) -> PlanStore:
+    """``open_store(url, **storage_options)``, an object store behind a ``GuardedStore``
+    whose verdicts are cached under ``local_dir`` (None: in memory only); other stores as
+    they are."""
+    store = open_store(url, **storage_options)
+    if not isinstance(store, RemoteStore):
+        return store
+    verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
+    return GuardedStore(store, verdicts, trust=trust)

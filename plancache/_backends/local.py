@@ -1,0 +1,438 @@
+"""Atomic plan store on a local (or shared) filesystem.
+
+Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
+the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
+``flock`` on a sidecar lock file, check that the stored bytes are still those read (the
+bytes are the version token), then ``os.replace``; a conditional delete checks them under the
+same lock, then unlinks.
+Temp files are removed on every path; ones left by killed writers are removed by
+:meth:`LocalStore.remove_stale_temp_files`.
+
+Odd entries: only regular files are read, never followed or waited on (``O_NOFOLLOW``,
+``O_NONBLOCK``, then ``fstat``). A symbolic link, FIFO, socket or directory named like a plan
+is an invalid entry (``get`` raises ``InvalidPlanError`` saying what it is); it is listed,
+``delete`` removes it, and a write replaces it.
+
+Shared stores: the lock file is created mode 0o664 (less the umask) and opened read-only
+(``flock`` needs no more), so every user who can read it can lock it; it is never followed
+if it is a symbolic link. For a store several users write, make the directory group-owned
+and setgid (``chmod 2775``) so that new files take its group, and give the writers a umask of
+002. Lock waits are bounded by ``LocalStore.lock_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import logging
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from plancache._defaults import default_dir
+from plancache._objects import CREATE, Opened, Update, WriteMode, check_name
+from plancache._store import READ_LIMIT, PlanStore
+from plancache.errors import (
+    InvalidPlanError,
+    PlanStoreError,
+    PlanStoreNotFoundError,
+    PlanStorePermissionError,
+    PlanStoreUnavailableError,
+)
+
+TEMP_SUFFIX = ".tmp"
+LOCK_NAME = ".startup_plan.lock"
+STALE_TEMP_SECONDS = 3600.0
+LOCK_MODE = 0o664
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+log = logging.getLogger("plancache")
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _odd(path: str) -> os.stat_result | None:
+    """The ``lstat`` of ``path`` if it is there and not a regular file, else None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISREG(st.st_mode) else st
+
+
+def _is_at(path: str, held: os.stat_result) -> bool:
+    """True while the file ``held`` (an ``fstat``) is the one at ``path``."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _remove(path: str) -> None:
+    """Remove the entry at ``path`` whatever it is (a directory with what it holds; links
+    are removed, never followed)."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _read_at_most(fd: int, size: int, limit: int = READ_LIMIT) -> bytes:
+    """At most ``limit`` bytes of ``fd``: in one read where the file still has the ``size``
+    its ``fstat`` gave (a file that grew meanwhile reads as is), else to its end."""
+    data = os.read(fd, size if 0 < size < limit else limit)
+    if len(data) == size or not data:
+        return data
+    chunks, got = [data], len(data)
+    while got < limit:
+        chunk = os.read(fd, limit - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _Content:
+    """A local object's version token when it is read whole or in part: the bytes read, and
+    whether they were all it held."""
+
+    data: bytes
+    whole: bool
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """A local object's version token when it is streamed: which file it is and its state."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def foreign_writers(directory: Path, st: os.stat_result) -> str | None:
+    """Why users other than this one (or root) could have written the file ``st`` (an
+    ``fstat``) in ``directory``: the file or the directory is owned by another user, or the
+    group or others may write it; None if only this user or root could. The crash marks'
+    rule, for every kind that is loaded as code."""
+    me = os.geteuid()
+    try:
+        dir_st = os.stat(directory)
+    except OSError as exc:
+        return f"{directory}: cannot stat ({exc.strerror or exc})"
+    for what, s in (("directory " + str(directory), dir_st), ("its file", st)):
+        if s.st_uid not in (me, 0):
+            return f"{what} is owned by uid {s.st_uid}"
+        if s.st_mode & 0o022:
+            return f"{what} is writable by its group or others (mode {stat.S_IMODE(s.st_mode):04o})"
+    return None
+
+
+def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
+    message = f"{path}: cannot {action}: {exc.strerror or exc}"
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return PlanStorePermissionError(message, cause=exc)
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return PlanStoreNotFoundError(message, cause=exc)
+    return PlanStoreError(message, cause=exc)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(PlanStore):
+    """Plans as ``startup_plan_{fp}.json`` files in one directory (created on first write)."""
+
+    #: Seconds a replace or delete waits at most for another process's lock.
+    lock_timeout: float = 5.0
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        path = default_dir() if root is None else Path(root)
+        self.root = Path(os.path.abspath(os.path.expanduser(path)))
+        self._root = str(self.root)
+        self._dir = self._root.rstrip("/") + "/"  # where plan files are named (root "/" too)
+
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    # -- the object layer -----------------------------------------------------------------
+    def _open_regular(self, name: str) -> tuple[int, os.stat_result] | None:
+        """A read-only descriptor of the regular file ``name`` and its ``fstat`` (never
+        following a link or waiting on a FIFO); None if absent. Raises ``InvalidPlanError``
+        for an entry that is not a regular file."""
+        path = self._dir + check_name(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                return None
+            odd = _odd(path) if exc.errno in (errno.ELOOP, errno.ENXIO) else None
+            if odd is not None:
+                raise InvalidPlanError(
+                    f"{path} is {_kind(odd.st_mode)}, not a stored object"
+                ) from None
+            raise _store_error(Path(path), "read", exc) from exc
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise _store_error(Path(path), "read", exc) from exc
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a stored object")
+        return fd, st
+
+    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
+        """The bytes read are their own version token (no hash on every read)."""
+        opened = self._open_regular(name)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            data = _read_at_most(fd, st.st_size, limit)
+        except OSError as exc:
+            raise _store_error(self.root / name, "read", exc) from exc
+        finally:
+            os.close(fd)
+        return data, _Content(data, len(data) < limit)
+
+    def open_object(self, name: str) -> Opened | None:
+        """The version token is the file's identity (device, inode, size, times): a replace
+        renames a new file into place. ``Opened.foreign`` says who else could have written
+        it (``foreign_writers``)."""
+        opened = self._open_regular(name)
+        if opened is None:
+            return None
+        fd, st = opened
+        foreign = foreign_writers(self.root, st)
+        return Opened(os.fdopen(fd, "rb"), _identity(st), foreign)
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """Create: a temp file then ``link`` (an entry that is not a regular file, e.g. a
+        dangling link or a FIFO, is replaced). Update: under the lock, ``os.replace``."""
+        path = str(self.root / check_name(name))
+        tmp = self._write_temp(name, chunks)
+        try:
+            if isinstance(mode, Update):
+                with self._locked() as still_locked:
+                    if not self._is_version(name, mode.version) or not still_locked():
+                        return False
+                    os.replace(tmp, path)
+            else:
+                for _ in range(2):
+                    try:
+                        os.link(tmp, path)
+                        break
+                    except FileExistsError:
+                        if not self._remove_odd(path):
+                            return False
+                else:
+                    return False
+        except OSError as exc:
+            raise _store_error(Path(path), "write", exc) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._sync_dir()
+        return True
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """Without ``version``, removes whatever entry has the name (links are not
+        followed)."""
+        path = str(self.root / check_name(name))
+        if not os.path.lexists(path):
+            return False
+        with self._locked() as still_locked:
+            if version is not None and (not self._is_version(name, version) or not still_locked()):
+                return False
+            try:
+                _remove(path) if version is None else os.unlink(path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise _store_error(Path(path), "delete", exc) from exc
+        self._sync_dir()
+        return True
+
+    def list_objects(self, prefix: str) -> Iterator[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return iter(())
+        except OSError as exc:
+            raise _store_error(self.root, "list", exc) from exc
+        return iter(sorted(n for n in names if n.startswith(prefix) and not n.startswith(".")))
+
+    def _is_version(self, name: str, version: object) -> bool:
+        """True if object ``name`` is still the one ``version`` names (its bytes, from
+        ``read_object``, or its identity, from ``open_object``)."""
+        if isinstance(version, _Content):
+            limit = len(version.data) + 1 if version.whole else len(version.data)
+            current = self.read_object(name, limit)
+            return current is not None and current[0] == version.data
+        try:
+            return _identity(os.lstat(self.root / name)) == version
+        except FileNotFoundError:
+            return False
+
+    def _write_temp(self, name: str, chunks: Iterable[bytes]) -> Path:
+        """A fsynced temp file in the store directory holding ``chunks``; caller removes it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _store_error(self.root, "create directory", exc) from exc
+        prefix = f".{name}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(4)}."
+        try:
+            fd, temp = tempfile.mkstemp(dir=self.root, prefix=prefix, suffix=TEMP_SUFFIX)
+        except OSError as exc:
+            raise _store_error(self.root, "create a temp file", exc) from exc
+        tmp = Path(temp)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise _store_error(tmp, "write", exc) from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def _remove_odd(self, path: str) -> bool:
+        """Remove the entry at ``path`` if it is not a regular file; True if one was removed."""
+        before = _odd(path)
+        if before is None:
+            return False
+        with self._locked():
+            now = _odd(path)
+            if now is None or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+                return False
+            log.warning("plancache: replacing %s, which is %s", path, _kind(now.st_mode))
+            with contextlib.suppress(FileNotFoundError):
+                _remove(path)
+        return True
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _sync_dir(self) -> None:
+        try:
+            _fsync_dir(self.root)
+        except OSError as exc:
+            raise _store_error(self.root, "sync directory", exc) from exc
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Callable[[], bool]]:
+        """Exclusive ``flock`` on the store's sidecar lock file (serialises replace/delete),
+        waited for at most ``lock_timeout`` seconds (then ``PlanStoreUnavailableError``).
+        The lock file is never followed if it is a symbolic link, and the lock counts only
+        while the file locked is still the one at the lock's path: the context gives a check
+        of that, to call right before committing."""
+        lock = os.path.join(self._root, LOCK_NAME)
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            fd = self._open_lock(lock)
+            try:
+                if self._flock(fd, deadline):
+                    still_locked = functools.partial(_is_at, lock, os.fstat(fd))
+                    if still_locked():
+                        yield still_locked
+                        return
+                if time.monotonic() >= deadline:
+                    raise PlanStoreUnavailableError(
+                        f"{lock}: another process held the lock for over {self.lock_timeout:g} s"
+                    )
+            finally:
+                os.close(fd)  # closing releases the lock
+
+    def _open_lock(self, lock: str) -> int:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | _NO_FOLLOW, LOCK_MODE)
+        except FileNotFoundError:
+            raise PlanStoreNotFoundError(f"{self.root}: directory does not exist") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PlanStoreError(
+                    f"{lock}: the lock file is a symbolic link; remove it", cause=exc
+                ) from exc
+            raise _store_error(Path(lock), "open lock file", exc) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise PlanStoreError(f"{lock}: the lock file is not a regular file; remove it")
+        return fd
+
+    @staticmethod
+    def _flock(fd: int, deadline: float) -> bool:
+        """``flock(fd)`` exclusively, polling until ``deadline``; True once held."""
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+
+    def temp_files(self, name: str = "") -> list[Path]:
+        """Temp files in the store directory (in-flight or abandoned writes of any kind, or
+        of the object ``name`` only); entries with a temp name that are not regular files
+        (never written by plancache) are left alone."""
+        start = f".{name}." if name else "."
+        try:
+            names = [
+                n for n in os.listdir(self.root) if n.startswith(start) and n.endswith(TEMP_SUFFIX)
+            ]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _store_error(self.root, "list", exc) from exc
+        return [self.root / n for n in names if _odd(os.path.join(self._root, n)) is None]
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        """Delete temp files (of the object ``name`` only, if given) older than ``older_than``
+        seconds (left by killed writers); returns how many were (or, with ``dry_run``, would
+        be) removed. Younger ones may belong to a live writer."""
+        cutoff = time.time() - older_than
+        removed = 0
+        for path in self.temp_files(name):
+            try:
+                if path.lstat().st_mtime <= cutoff:
+                    if not dry_run:
+                        path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _store_error(path, "remove", exc) from exc
+        return removed

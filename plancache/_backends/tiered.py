@@ -1,0 +1,200 @@
+"""A local directory tier in front of a remote store, with an optional read-only mode.
+
+Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
+caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
+local tier. Writes: local first (the node keeps what it measured, however slow the remote),
+then remote (skipped in read-only mode, and where the remote refuses writes with
+``PlanStoreReadOnlyError``, e.g. a store found to ignore preconditions), whose merged record
+the local tier then takes. The local tier is a cache: its failures are logged and never fail
+a read or write that the remote served. The keyring
+(``use_keyring``) applies to both tiers: a local record without a valid signature is not
+applied, it is logged and the remote is read instead.
+
+The object layer (``read_object``, ``write_object``, ...) is the remote's; a write through it
+in read-only mode raises ``PlanStoreReadOnlyError``. Kinds that read both tiers (compile
+artifacts) reach the local tier as ``local``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from plancache._objects import CREATE, WriteMode
+from plancache._plan import Plan
+from plancache._signing import Keyring
+from plancache._store import ForwardingStore, PlanStore, Put
+from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
+
+log = logging.getLogger("plancache")
+T = TypeVar("T")
+
+
+class TieredStore(ForwardingStore):
+    """``remote`` behind an optional ``local`` tier; ``read_only`` never writes ``remote``.
+    Both tiers are reached through their public methods (``ForwardingStore``: the remote is
+    ``inner``; listing and raw reads are the remote's)."""
+
+    def __init__(
+        self, remote: PlanStore, *, local: PlanStore | None = None, read_only: bool = False
+    ) -> None:
+        self.remote = remote
+        self.local = local
+        self.read_only = read_only
+
+    @property
+    def inner(self) -> PlanStore:
+        return self.remote
+
+    @property
+    def atomic(self) -> bool:  # type: ignore[override]
+        return self.remote.atomic and (self.local is None or self.local.atomic)
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        """Sign and judge records with ``keyring`` in both tiers."""
+        super().use_keyring(keyring)
+        if self.local is not None:
+            self.local.use_keyring(keyring)
+
+    def __repr__(self) -> str:
+        mode = ", read_only=True" if self.read_only else ""
+        return f"TieredStore({self.remote!r}, local={self.local!r}{mode})"
+
+    def get(self, fp: str) -> Plan | None:
+        """The local tier's plan, else the remote's (copied into the local tier)."""
+        return self.find(fp, lambda plan: True)
+
+    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
+        """The local tier's plan if ``usable`` accepts it; else the remote's merged into the
+        local tier (so the local tier's tombstones still hold), else the local one."""
+        local = self._get_local(fp)
+        if local is not None and usable(local):
+            return local
+        plan = self.remote.get(fp)
+        if plan is None:
+            return local
+        if plan != local and self.local is not None:
+            return self._put_local(plan) or plan
+        return plan
+
+    def put_merged(self, plan: Plan) -> Put:
+        """The remote's outcome and record (merge semantics). The local tier merges ``plan``
+        first, so this node keeps what it measured however long the remote takes (a record
+        bounded by its budget goes on in the background), then the record the remote now
+        holds. If the remote fails, its error is raised. Read-only, or where the remote
+        refuses writes: the local tier's outcome; without a local tier,
+        ``PlanStoreReadOnlyError``."""
+        if self.read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only and has no local tier")
+        if self.local is None:
+            return self.remote.put_merged(plan)
+        try:
+            local: Put | None = self.local.put_merged(plan)
+        except PlanStoreError as exc:
+            if self.read_only:
+                raise
+            log.warning("plancache: local tier %s not updated: %s", self.local.url, exc)
+            local = None
+        if self.read_only:
+            assert local is not None
+            return local
+        try:
+            outcome, stored = self.remote.put_merged(plan)
+        except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+            if local is None:
+                raise
+            return local
+        if stored is not None and (local is None or stored != local[1]):
+            self._put_local(stored)
+        return outcome, stored
+
+    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
+        """Rewrite the remote's record (not in read-only mode), then the local tier's; the
+        remote's result, or in read-only mode the local tier's."""
+        return self._in_both(lambda store: store.rewrite(fp, change), None)
+
+    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
+        """Delete as judged (``PlanStore.delete_if``) from the remote (not in read-only
+        mode), then from the local tier; the remote's result, or in read-only mode the local
+        tier's."""
+        return self._in_both(lambda store: store.delete_if(fp, doomed), True)
+
+    def _in_both(self, call: Callable[[PlanStore], T], read_only_result: T) -> T:
+        """``call`` on the remote (in read-only mode, or when the remote refuses writes,
+        ``read_only_result`` instead), then on the local tier, whose failures are logged; the
+        remote's result, or in read-only mode the local tier's."""
+        read_only, result = self.read_only, read_only_result
+        if read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
+        if not read_only:
+            try:
+                result = call(self.remote)
+            except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+                if self.local is None:
+                    raise
+                read_only = True
+        if self.local is not None:
+            try:
+                local = call(self.local)
+            except (InvalidPlanError, PlanStoreError) as exc:
+                log.warning("plancache: local tier %s: %s", self.local.url, exc)
+            else:
+                result = local if read_only else result
+        return result
+
+    def delete(self, fp: str) -> bool:
+        """Remove from the remote (not in read-only mode) and from the local tier."""
+        removed = False
+        if self.read_only and self.local is None:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
+        if not self.read_only:
+            try:
+                removed = self.remote.delete(fp)
+            except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+                if self.local is None:
+                    raise
+        if self.local is not None:
+            try:
+                removed = self.local.delete(fp) or removed
+            except PlanStoreError as exc:
+                log.warning("plancache: local tier %s: %s", self.local.url, exc)
+        return removed
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        """The remote's object layer; ``PlanStoreReadOnlyError`` in read-only mode (the
+        local tier is a kind's to write: ``local``)."""
+        self._check_writable()
+        return self.remote.write_object(name, chunks, mode)
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        """As ``write_object``."""
+        self._check_writable()
+        return self.remote.delete_object(name, version)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
+
+    def _get_local(self, fp: str) -> Plan | None:
+        if self.local is None:
+            return None
+        try:
+            return self.local.get(fp)
+        except (InvalidPlanError, PlanStoreError) as exc:
+            log.warning("plancache: local tier %s: %s", self.local.url, exc)
+            return None
+
+    def _put_local(self, plan: Plan) -> Plan | None:
+        """Merge ``plan`` into the local tier; the record it now holds (None on failure)."""
+        assert self.local is not None
+        try:
+            return self.local.put_merged(plan)[1]
+        except PlanStoreError as exc:
+            log.warning("plancache: local tier %s not updated: %s", self.local.url, exc)
+            return None
+
+    def close(self) -> None:
+        self.remote.close()
+        if self.local is not None:
+            self.local.close()

@@ -1,0 +1,397 @@
+"""``PlanCache``: bounded, fail-open lookup and record of plans on a boot path.
+
+Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the time budget
+(default 2 s) plus, where no idle thread is at hand, a thread's start-up: store I/O runs on a
+daemon thread (``plancache._background``) that the caller stops waiting for at the deadline.
+Past it, or on any doubt, the answer is a miss and the boot profiles as usual. Every decision
+is logged on ``logging.getLogger("plancache")``. Signatures are the store's
+(``PlanStore.keyring``): where it holds keys, a record without a valid signature is never
+applied (``invalid:signature``), and ``record`` signs what it writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from plancache import _background as background
+from plancache._backends.lazy import LazyStore
+from plancache._background import Job, JobTimeout
+from plancache._defaults import DEFAULT_BUDGET_S
+from plancache._gate import Budget, gate
+from plancache._keys import Scalar, fingerprint
+from plancache._observation import Observation
+from plancache._plan import Plan
+from plancache._reasons import RECORD_FAILURES, PutOutcome, Reason
+from plancache._redaction import scrub
+from plancache._store import ForwardingStore, PlanStore
+from plancache._units import gib_text as _gib
+from plancache._version import __version__
+from plancache.errors import (
+    InvalidPlanError,
+    InvalidSignatureError,
+    PlanStoreError,
+    PlanStoreReadOnlyError,
+    UnsupportedSchemaError,
+)
+
+if TYPE_CHECKING:
+    from plancache._config import Settings
+
+log = logging.getLogger("plancache")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer of a lookup. ``kv_cache_memory_bytes`` is None unless ``reason == "hit"``
+    (see ``Reason`` for every reason)."""
+
+    kv_cache_memory_bytes: int | None
+    reason: Reason
+    fingerprint: str | None
+    seconds: float
+    plan: Plan | None = None
+    """The record found, if any."""
+    detail: str = ""
+    observation: Observation | None = None
+    """The observation applied (on a hit): the largest KV whose baseline the gate accepts."""
+
+    @property
+    def hit(self) -> bool:
+        return self.kv_cache_memory_bytes is not None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The result of a record: ``reason`` is the put's ``outcome`` when it stored (created,
+    replaced or kept), else why nothing was stored (a ``Reason`` of ``RECORD_FAILURES``:
+    ``invalid-input``, ``store-error``, ``timeout``, ``error``) and ``outcome`` is None."""
+
+    outcome: PutOutcome | None
+    reason: PutOutcome | Reason
+    fingerprint: str | None
+    seconds: float
+    detail: str = ""
+
+
+def _bounded(fn: Callable[[], T], timeout: float) -> T:
+    """Run ``fn`` on a daemon thread (``background.start``); its result, its exception, or
+    ``JobTimeout``."""
+    return background.start(fn).wait(timeout)
+
+
+def _describe(exc: BaseException) -> tuple[Reason, str]:
+    """(reason, detail) for a failure of store I/O; the detail holds no URL user information
+    or secret-looking URL parameter, whatever raised."""
+    if isinstance(exc, JobTimeout):
+        return Reason.TIMEOUT, "store did not answer within the time budget"
+    if isinstance(exc, UnsupportedSchemaError):
+        reason, detail = Reason.MISS, str(exc)
+    elif isinstance(exc, InvalidSignatureError):
+        reason, detail = Reason.INVALID_SIGNATURE, str(exc)
+    elif isinstance(exc, InvalidPlanError):
+        reason, detail = Reason.INVALID, str(exc)
+    elif isinstance(exc, PlanStoreError):
+        reason, detail = Reason.STORE_ERROR, str(exc)
+    else:
+        reason, detail = Reason.ERROR, f"{type(exc).__name__}: {exc}"
+    return reason, scrub(detail)
+
+
+class PlanCache:
+    """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
+
+    def __init__(
+        self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
+    ) -> None:
+        """``timeout`` is the budget of each lookup and record, I/O and decoding included.
+        ``store`` may be a factory, called through a ``LazyStore`` on first use (again on the
+        next use while it raises), so that opening a remote client is bounded like any other
+        I/O."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.timeout = float(timeout)
+        self._lazy: LazyStore | None = None
+        if not isinstance(store, PlanStore):
+            name = getattr(store, "__qualname__", type(store).__name__)
+            store = self._lazy = LazyStore(f"{name}()", store)
+        self._store: PlanStore = store
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
+        """A cache on the store the ``PLANCACHE_*`` variables describe (opened lazily).
+        Raises ``ConfigError`` for a malformed variable."""
+        from plancache._config import Settings
+
+        return cls.from_settings(Settings.from_env(environ))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PlanCache:
+        """A cache on ``settings``' store (opened lazily) with its time budget."""
+        return cls(settings.open_store, timeout=settings.timeout)
+
+    @property
+    def store(self) -> PlanStore:
+        """The store; where a factory was given, the store it returned, opened on first use
+        (``LazyStore.opened``: raises what opening raised, or past its ``open_timeout``)."""
+        return self._store if self._lazy is None else self._lazy.opened
+
+    def warm(self) -> None:
+        """Start opening the store (calling the factory, if one was given) and the stores
+        beneath it that open on first use (a tier's remote store: its client library, its
+        credentials) on daemon threads, and return at once, so that a later lookup's budget
+        goes to the request alone. Never raises; a failure to open shows up in the next
+        lookup's reason."""
+        if isinstance(self._store, ForwardingStore):
+            self._store.warm()
+
+    def lookup(
+        self,
+        factors: Mapping[str, Scalar],
+        current_free_memory: int,
+        *,
+        budget: Budget | None = None,
+        avoid: Collection[str] = (),
+    ) -> Decision:
+        """The KV-cache size to apply for ``factors`` now, or a miss with its reason.
+
+        ``budget``: what this boot may use (``plancache._gate.Budget``); an observation whose
+        KV cache exceeds requested memory minus the weights is never applied, and a smaller
+        plausible one of the same record is applied instead. ``avoid``: digests of
+        observations not to apply (``Breaker.avoided``). A tiered store keeps looking in the
+        remote while the local tier's record has nothing the gate accepts."""
+        pending = self.start_lookup(factors, current_free_memory, avoid=avoid, budget=budget)
+        return pending.result(self.timeout, budget=budget)
+
+    def start_lookup(
+        self,
+        factors: Mapping[str, Scalar],
+        current_free_memory: int,
+        *,
+        avoid: Collection[str] | Callable[[str], Collection[str]] = (),
+        budget: Budget | None = None,
+    ) -> PendingLookup:
+        """Start the lookup of ``factors`` in a daemon thread and return at once; join it
+        with ``PendingLookup.result(wait, budget=...)`` (a boot knows its budget only once
+        the weights are loaded; a ``budget`` known now also steers a tiered store's search).
+        The fetch itself is not bounded: only the join is, so a fetch may overlap other work
+        (loading weights) for free. ``avoid``: as for ``lookup``, or a function of the key
+        that returns it, called first in that thread (``Breaker.recover``: its reads of the
+        marks then overlap that work too, within the join's bound; what it raises fails the
+        lookup). Never raises."""
+        return PendingLookup(self, factors, current_free_memory, avoid, budget)
+
+    def retract(self, fingerprint: str, observation: Observation) -> bool:
+        """Remove ``observation`` from the record under ``fingerprint`` and tombstone it
+        (``PlanStore.retract``; a read-only tiered store only touches its local tier). True
+        if it was removed; False if the retraction changed nothing (no record, none holding
+        it, or a read-only store without a local tier) or the store failed, each logged as
+        such. Bounded by the time budget; never raises."""
+        start = time.perf_counter()
+        refused: PlanStoreReadOnlyError | None = None
+        try:
+            done = _bounded(lambda: self._store.retract(fingerprint, observation), self.timeout)
+        except PlanStoreReadOnlyError as exc:  # read-only, no local tier: nothing to change
+            refused = exc
+        except Exception as exc:
+            reason, detail = _describe(exc)
+            log.warning(
+                "plancache: retract %s fp=%s failed in %.1f ms: %s",
+                reason.value,
+                _short(fingerprint),
+                (time.perf_counter() - start) * 1e3,
+                detail,
+            )
+            return False
+        store = self.store  # open: the retraction went through it
+        what, where = "retracted", f"from {store.url}"
+        if refused is not None:
+            what, where = "not retracted", f"({refused}, with no local tier)"
+        elif not done.removed:
+            held = "no record of that key" if done.record is None else "no such observation"
+            what, where = "retract changed nothing", f"({store.url} holds {held})"
+        log.warning(
+            "plancache: %s fp=%s kv=%s baseline=%s %s in %.1f ms",
+            what,
+            _short(fingerprint),
+            _gib(observation.kv_cache_memory_bytes),
+            _gib(observation.free_memory_baseline),
+            where,
+            (time.perf_counter() - start) * 1e3,
+        )
+        return refused is None and done.removed
+
+    def record(
+        self,
+        factors: Mapping[str, Scalar],
+        *,
+        kv_cache_memory_bytes: int,
+        free_memory_baseline: int,
+        labels: Mapping[str, Scalar] | None = None,
+    ) -> Recorded:
+        """Store the outcome of a profiled boot under ``fingerprint(factors)`` as one
+        observation, merged into the record's frontier (``labels``: descriptive, never part
+        of the key). Bounded by the time budget; never raises."""
+        start = time.perf_counter()
+        fp: str | None = None
+        outcome: PutOutcome | None = None
+        reason: PutOutcome | Reason
+        detail = ""
+        try:
+            plan = Plan.new(
+                factors,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                free_memory_baseline=free_memory_baseline,
+                producer={"host": os.uname().nodename, "plancache": __version__},
+                labels=labels,
+            )
+            plan.encode()
+        except Exception as exc:  # whatever the caller's values raise
+            reason, detail = Reason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
+        else:
+            fp = plan.fingerprint
+            try:
+                reason = outcome = _bounded(lambda: self._store.put(plan), self.timeout)
+            except Exception as exc:
+                failure, detail = _describe(exc)
+                reason = failure if failure in RECORD_FAILURES else Reason.ERROR
+        result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
+        level = logging.INFO if outcome is not None else logging.WARNING
+        log.log(
+            level,
+            "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
+            reason.value,
+            _short(fp),
+            _gib(kv_cache_memory_bytes),
+            _gib(free_memory_baseline),
+            result.seconds * 1e3,
+            f": {detail}" if detail else "",
+        )
+        return result
+
+
+class PendingLookup:
+    """A lookup running in a daemon thread (``PlanCache.start_lookup``). ``result`` gates the
+    fetched record on the caller's thread and logs the decision, once."""
+
+    def __init__(
+        self,
+        cache: PlanCache,
+        factors: Mapping[str, Scalar],
+        current_free_memory: int,
+        avoid: Collection[str] | Callable[[str], Collection[str]] = (),
+        budget: Budget | None = None,
+    ) -> None:
+        self.started = time.perf_counter()
+        self.current_free_memory = current_free_memory
+        self.avoid: frozenset[str] = frozenset() if callable(avoid) else frozenset(avoid)
+        """Digests not to apply; where ``avoid`` is a function, what it returned (set in the
+        fetch's thread before the fetch)."""
+        self._decision: Decision | None = None
+        self._fetch: Job[Plan | None] | None = None
+        self._invalid = ""
+        self.fingerprint: str | None = None
+        try:
+            self.fingerprint = fingerprint(factors)
+        except Exception as exc:  # whatever the caller's mapping raises
+            self._invalid = f"{type(exc).__name__}: {exc}"
+            return
+        key = self.fingerprint
+
+        def usable(p: Plan) -> bool:
+            return gate(p, current_free_memory, budget, self.avoid)[0] is not None
+
+        def fetch() -> Plan | None:
+            if callable(avoid):
+                self.avoid = frozenset(avoid(key))
+            return cache._store.find(key, usable)
+
+        self._fetch = background.start(fetch, "plancache-lookup")
+
+    def done(self) -> bool:
+        """True once the fetch has finished (found, missed or failed)."""
+        return self._fetch is None or self._fetch.done()
+
+    def result(self, wait: float, *, budget: Budget | None = None) -> Decision:
+        """The decision, waiting at most ``wait`` seconds for the fetch (a ``timeout`` miss
+        past it), gated by free memory, ``budget`` (see ``PlanCache.lookup``) and the
+        observations to avoid. The first call decides; later calls return the same one."""
+        if self._decision is not None:
+            return self._decision
+        plan: Plan | None = None
+        chosen: Observation | None = None
+        detail = ""
+        if self._fetch is None:
+            reason, detail = Reason.INVALID_FACTORS, self._invalid
+        else:
+            try:
+                plan = self._fetch.wait(wait)
+            except Exception as exc:
+                reason, detail = _describe(exc)
+            else:
+                if plan is None:
+                    reason = Reason.MISS
+                else:
+                    chosen, reason = gate(plan, self.current_free_memory, budget, self.avoid)
+                    if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
+                        detail = _budget_detail(plan, self.current_free_memory, budget)
+        kv = None if chosen is None else chosen.kv_cache_memory_bytes
+        seconds = time.perf_counter() - self.started
+        self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
+        _log_lookup(self._decision, self.current_free_memory)
+        return self._decision
+
+
+def _short(fp: str | None) -> str:
+    return fp[:12] if fp else "-"
+
+
+def _budget_detail(plan: Plan, current_free_memory: object, budget: Budget | None) -> str:
+    """The numbers behind a plausibility rejection."""
+    assert budget is not None
+    requested, weights = budget.requested_memory, budget.weights_memory
+    if type(requested) is not int or type(weights) is not int:
+        return f"budget figures are not usable: requested={requested!r:.40} weights={weights!r:.40}"
+    fits = [
+        o.kv_cache_memory_bytes
+        for o in plan.observations
+        if type(current_free_memory) is int and o.free_memory_baseline <= current_free_memory
+    ]
+    return (
+        f"smallest applicable kv={_gib(min(fits, default=0))} ({min(fits, default=0)} B) exceeds "
+        f"requested={_gib(requested)} ({requested} B) - weights={_gib(weights)} ({weights} B)"
+        f" = {requested - weights} B"
+    )
+
+
+def _log_lookup(d: Decision, current_free_memory: object) -> None:
+    extra = ""
+    if d.observation is not None:
+        extra = (
+            f" kv={_gib(d.observation.kv_cache_memory_bytes)}"
+            f" baseline={_gib(d.observation.free_memory_baseline)}"
+        )
+    if d.plan is not None:
+        extra += (
+            f" free={_gib(current_free_memory)} observations={len(d.plan.observations)}"
+            f" lowest-baseline={_gib(d.plan.min_free_memory_baseline)}"
+        )
+    suspicious = d.reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN, Reason.CRASHED_BEFORE)
+    quiet = d.reason in (Reason.HIT, Reason.MISS) or (
+        d.reason.startswith("gate") and not suspicious
+    )
+    level = logging.INFO if quiet else logging.WARNING
+    log.log(
+        level,
+        "plancache: lookup %s fp=%s%s in %.1f ms%s",
+        d.reason.value,
+        _short(d.fingerprint),
+        extra,
+        d.seconds * 1e3,
+        f": {d.detail}" if d.detail else "",
+    )

@@ -1,0 +1,208 @@
+"""What the ``plancache`` subcommands do with compile artifacts (``plancache._artifacts``),
+beside the plans of the same store: each ``cmd_*`` of ``commands`` calls the function of the
+same name here with the store's artifacts. An artifact is named ``KEY/rank_R_D`` (``KEY``: a
+unique prefix of vLLM's key) or by its object name."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from plancache._artifacts.archive import remove_partial_installs
+from plancache._artifacts.manifest import parse_object_name
+from plancache._command.display import age, echo, plural, print_table, size, when
+from plancache._inventory import artifacts as inventory
+from plancache._inventory.artifacts import ArtifactRecord
+from plancache._objects import ObjectLayer
+from plancache._signing import Keyring, SignatureVerdict
+
+KIND = "compile"
+"""The KIND column of an artifact (plans are listed in their own table)."""
+
+
+_REF = re.compile(r"[0-9a-fA-F]{1,64}/rank_[0-9]{1,6}_[0-9]{1,6}")
+
+
+def is_ref(text: str) -> bool:
+    """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name), not a plan."""
+    return bool(_REF.fullmatch(text.strip())) or parse_object_name(text) is not None
+
+
+def _ref(e: ArtifactRecord) -> str:
+    m = e.manifest
+    return e.name if m is None else f"{m.key[:12]}/{m.rank}"
+
+
+def _signed(e: ArtifactRecord, keyring: Keyring) -> str:
+    assert e.manifest is not None
+    sig = e.manifest.signature
+    text = "-" if sig is None else sig.keyid
+    if keyring.requires_signature and e.manifest.verdict(keyring) is not SignatureVerdict.VALID:
+        text += f" ({e.manifest.verdict(keyring)})"
+    return text
+
+
+def entry_dict(e: ArtifactRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": KIND, "name": e.name}
+    if e.manifest is None:
+        return {**out, "error": e.error}
+    m = e.manifest
+    return {
+        **out,
+        "key": m.key,
+        "rank": m.rank,
+        "bytes": m.total_size,
+        "files": len(m.files),
+        "labels": dict(m.labels),
+        "producer": dict(m.producer),
+        "created_at": m.created_at,
+        "signature": None if m.signature is None else m.signature.to_dict(),
+    }
+
+
+def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRecord]:
+    """Print one row per artifact (unreadable ones after, with the reason); the entries."""
+    entries = list(inventory.scan(layer, max_bytes))
+    valid = [e for e in entries if e.manifest is not None]
+    now = time.time()
+    signed = keyring.requires_signature or any(
+        e.manifest.signature is not None for e in valid if e.manifest is not None
+    )
+    rows = [
+        [
+            KIND,
+            _ref(e),
+            e.model,
+            size(e.manifest.total_size),
+            str(len(e.manifest.files)),
+            age(now - e.manifest.created_at),
+            str(e.manifest.producer.get("host", "-")),
+            *([_signed(e, keyring)] if signed else []),
+        ]
+        for e in valid
+        if e.manifest is not None
+    ]
+    if rows:
+        echo()
+        headers = ["KIND", "ARTIFACT", "MODEL", "SIZE", "FILES", "AGE", "HOST"]
+        print_table([*headers, *(["SIGNED"] if signed else [])], rows, right={3, 4, 5})
+    for e in entries:
+        if e.manifest is None:
+            where = "unreadable here" if e.unreadable else "unreadable"
+            echo(f"  {where} compile artifact {e.name}: {e.error}")
+    return entries
+
+
+def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
+    [name] = inventory.resolve(layer, [ref])
+    e = inventory.read_entry(layer, name, max_bytes)
+    if e is None or e.manifest is None:
+        echo(f"compile artifact {name}: {'gone' if e is None else e.error}")
+        return 1
+    m = e.manifest
+    echo(f"kind         {KIND} artifact (vLLM AOT)")
+    echo(f"key          {m.key}")
+    echo(f"rank         {m.rank}")
+    echo(f"object       {name} in {layer.url}")
+    echo(f"created      {when(m.created_at, time.time())}")
+    echo(f"size         {size(m.total_size)} in {plural(len(m.files), 'file')}")
+    echo(f"digest       {m.digest}")
+    if m.signature is not None or keyring.requires_signature:
+        echo(f"signed       {_signed(e, keyring) if m.signature else 'no'}")
+    for label, values in (("labels", m.labels), ("producer", m.producer)):
+        for k in sorted(values):
+            echo(f"{label:12s} {k}={values[k]}")
+    print_table(
+        ["  PATH", "SIZE", "MODE", "SHA256"],
+        [[f"  {f.path}", str(f.size), oct(f.mode), f.sha256[:16]] for f in m.files],
+        right={1},
+    )
+    return 0
+
+
+def verify(
+    layer: ObjectLayer, keyring: Keyring, max_bytes: int, *, fix: bool, require_signature: bool
+) -> tuple[int, int]:
+    """Read every byte of every artifact; print each finding. With ``fix``, delete what is
+    provably corrupt (or, with ``require_signature``, unsigned), only as the version judged;
+    what is unreadable here is kept. (checked, findings)."""
+    names = inventory.names(layer)
+    bad = 0
+    for name in names:
+        problem = inventory.verify(layer, name, keyring, max_bytes)
+        if problem is None:
+            continue
+        bad += 1
+        signature = problem.text.startswith("invalid:signature")
+        doomed = problem.corrupt and (require_signature or not signature)
+        note = ""
+        if fix and doomed:
+            deleted = inventory.delete(layer, name, problem.version)
+            note = "  (deleted)" if deleted else "  (changed since it was judged: kept)"
+        elif fix:
+            note = "  (kept)"
+        echo(f"{name}  {problem.text}{note}")
+    return len(names), bad
+
+
+def rm(layer: ObjectLayer, refs: list[str]) -> None:
+    for name in inventory.resolve(layer, refs):
+        echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
+
+
+def prune(
+    layer: ObjectLayer,
+    older_than: float,
+    max_bytes: int,
+    *,
+    dry_run: bool,
+    installs: Path | None = None,
+) -> None:
+    """Delete (or list) the artifacts older than ``older_than`` seconds, and report those
+    kept; with ``installs`` (this node's vLLM compile cache), also the temp directories of
+    installs killed that long ago; silent if there is nothing."""
+    verb = "would delete" if dry_run else "deleted"
+    if installs is not None:
+        keys = sorted(installs.iterdir()) if installs.is_dir() else []
+        stale = sum(remove_partial_installs(k, older_than, dry_run=dry_run) for k in keys)
+        if stale:
+            echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {installs}")
+    result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes)
+    for name in result.deleted:
+        echo(f"{verb} {name}")
+    for name, why in result.kept:
+        echo(f"{name}  {why}")
+    if result.deleted:
+        echo(
+            f"{verb} {plural(len(result.deleted), 'compile artifact')} older than {age(older_than)}"
+        )
+
+
+def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: bool) -> None:
+    """Copy every artifact, create-if-absent (as stored), signed ones only unless
+    ``trust_unsigned``; says what it skipped; silent if there are none."""
+    created = kept = 0
+    skipped: list[tuple[str, str]] = []
+    for name in inventory.names(src):
+        done = inventory.copy(src, dst, name, keyring=keyring, trust_unsigned=trust_unsigned)
+        if isinstance(done, str):
+            skipped.append((name, done))
+        created += done is True
+        kept += done is False
+    for name, why in skipped:
+        echo(f"skipped compile artifact {name}: {why}")
+    if created or kept or skipped:
+        echo(f"copied compile artifacts: {created} created, {kept} kept, {len(skipped)} skipped")
+
+
+def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
+    entries = [e for e in inventory.scan(layer, max_bytes) if e.manifest is not None]
+    stamps = [e.manifest.created_at for e in entries if e.manifest is not None]
+    return {
+        "artifacts": len(entries),
+        "artifact_bytes": sum(e.manifest.total_size for e in entries if e.manifest is not None),
+        "artifacts_oldest": min(stamps, default=None),
+        "artifacts_newest": max(stamps, default=None),
+    }

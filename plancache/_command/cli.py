@@ -1,0 +1,297 @@
+"""The ``plancache`` command: see what a store holds, check it, copy it and prune it.
+
+This module parses the arguments, runs the subcommand they name (``plancache._command.plans``,
+which opens the store and prints) and turns every failure into one line,
+``plancache: error: ...``, and exit status 2; ``--debug`` adds the traceback (secrets and
+keys masked).
+
+A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
+error line and exit 2, whatever a call is stuck in; the executable then exits at once,
+without waiting for the threads such a call left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from plancache import _background as background
+from plancache._command.display import echo
+from plancache._command.doctor import cmd_doctor
+from plancache._command.plans import (
+    SORT_KEYS,
+    CliError,
+    cmd_cp,
+    cmd_fingerprint,
+    cmd_ls,
+    cmd_prune,
+    cmd_rm,
+    cmd_show,
+    cmd_stats,
+    cmd_verify,
+)
+from plancache._config import parse_storage_options
+from plancache._defaults import MAX_SECONDS
+from plancache._parse import parse_seconds
+from plancache._redaction import scrub, secret_values, without_userinfo
+from plancache._version import __version__
+from plancache.errors import ConfigError, PlanStoreError
+
+EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
+"""Failures whose message alone is the error line (ConfigError and InvalidPlanError are
+ValueErrors); the line of any other names the exception's type too. Every failure exits 2."""
+
+DEFAULT_TIMEOUT_S = MAX_SECONDS
+"""Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
+of a single call (a whole listing, ``RemoteStore.list_timeout``)."""
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_OPTION_ARGS = ("storage_options", "src_opts", "dst_opts")
+_DEBUG_HELP = "show the traceback of an error"
+_TIMEOUT_HELP = (
+    f"most time the whole command may take: seconds, or 90s, 10m (at most {MAX_SECONDS:g}; "
+    f"default: {DEFAULT_TIMEOUT_S:g})"
+)
+_OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
+_URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
+_URL_OPERAND_HELP = "the same as --url (give one of the two)"
+_EPILOG = (
+    "Every command on one store takes it as --url URL; ls, verify, prune, stats and doctor "
+    "also take it as their operand URL (the same thing). URL defaults to $PLANCACHE_URL "
+    "(else the local default directory). cp takes two stores, SRC and DST."
+)
+_COMMAND_HELP = {
+    "ls": "list the plans in a store, one row each (invalid records too, with the reason), "
+    "then its compile artifacts",
+    "show": "show a whole record, factors included, by fingerprint or unique prefix (a "
+    "compile artifact's manifest: KEY/rank_R_D)",
+    "verify": "check every record against the format's rules (and, with --require-signature, "
+    "its signature); exit 1 if any fails",
+    "rm": "delete plans by fingerprint or unique prefix (compile artifacts: KEY/rank_R_D)",
+    "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
+    "with none is deleted), and abandoned temp files of local stores",
+    "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
+    "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts",
+    "fingerprint": "print the fingerprint and canonical encoding of a factors object",
+    "doctor": "check a store (reachability, credentials, permissions, whether it honours "
+    "conditional writes, clock skew) and this node (signing, local directories, vLLM); "
+    "exit 1 if anything is found",
+}
+_SORT_HELP = (
+    "age: newest first; kv: largest max KV first; baseline: largest min baseline first; "
+    "device, fp: A-Z (default: age)"
+)
+
+
+# -- argument types and masking ----------------------------------------------------------------
+def parse_duration(text: str) -> float:
+    """``30d``, ``12h``, ``45m`` or ``10s`` as seconds (argparse type)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 45m or 10s")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_timeout(text: str) -> float:
+    """``90``, ``90s`` or ``10m`` as seconds in the range of every time setting
+    (``plancache._config.parse_seconds``: at most ``MAX_SECONDS``); argparse type, so that
+    anything else (``nan``, ``inf``, ``0``, ``1e10``) is a usage error."""
+    number = text
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        number = str(parse_duration(text))
+    try:
+        return parse_seconds(number)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _scrub(message: str, args: argparse.Namespace) -> str:
+    """``message`` with every secret of the command's storage options, and every key it
+    read, masked."""
+    texts = [os.environ.get("PLANCACHE_STORAGE_OPTIONS")]
+    texts += [getattr(args, name, None) for name in _OPTION_ARGS]
+    secrets: list[str] = []
+    for text in filter(None, texts):
+        with contextlib.suppress(ConfigError):
+            secrets += secret_values(parse_storage_options(text, "storage options"))
+    message = scrub(message, secrets)
+    return message if args.keyring is None else args.keyring.scrub(message)
+
+
+# -- parser and entry point --------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``plancache`` argument parser, one subparser per subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="plancache",
+        description="Inspect and manage stores of vLLM startup plans (local, s3://, gs://).",
+        epilog=_EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"plancache {__version__}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    parser.add_argument("--storage-options", metavar="JSON", help=_OPTIONS_HELP)
+    parser.add_argument(
+        "--timeout", type=parse_timeout, default=DEFAULT_TIMEOUT_S, metavar="T", help=_TIMEOUT_HELP
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    common.add_argument(
+        "--timeout", type=parse_timeout, default=argparse.SUPPRESS, metavar="T", help=_TIMEOUT_HELP
+    )
+    common.add_argument(
+        "--storage-options", metavar="JSON", default=argparse.SUPPRESS, help=_OPTIONS_HELP
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        doc = _COMMAND_HELP[name]
+        p = sub.add_parser(name, parents=[common], help=doc, description=doc)
+        p.set_defaults(func=func)
+        return p
+
+    def url(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+        """The store of a command on one store: ``--url URL``, and where the store is the
+        only operand, ``URL`` too (``_one_store`` merges the two into ``args.url``)."""
+        p.add_argument("--url", metavar="URL", help=_URL_HELP)
+        if positional:
+            p.add_argument("url_operand", nargs="?", metavar="URL", help=_URL_OPERAND_HELP)
+
+    url(p := command("ls", cmd_ls))
+    p.add_argument("--sort", choices=sorted(SORT_KEYS), default="age", help=_SORT_HELP)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command("show", cmd_show)
+    p.add_argument("fingerprint", metavar="FP", help="a fingerprint or a unique prefix")
+    url(p, positional=False)
+    p.add_argument("--json", action="store_true", help="the record as stored (JSON)")
+
+    url(p := command("verify", cmd_verify))
+    p.add_argument("--fix", action="store_true", help="delete the records found")
+    p.add_argument(
+        "--require-signature",
+        action="store_true",
+        help="also report records without a valid signature from an accepted key (keys: "
+        "--keys-file, else $PLANCACHE_SIGNING_KEY[_FILE] and $PLANCACHE_VERIFY_KEYS[_FILE])",
+    )
+    p.add_argument(
+        "--keys-file",
+        metavar="FILE",
+        help="accepted keys, one per line, instead of those of the environment",
+    )
+
+    p = command("rm", cmd_rm)
+    p.add_argument("fingerprints", nargs="+", metavar="FP", help="fingerprints or prefixes")
+    url(p, positional=False)
+
+    url(p := command("prune", cmd_prune))
+    p.add_argument(
+        "--older-than", type=parse_duration, required=True, metavar="AGE", help="30d, 12h, 45m"
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+
+    p = command("cp", cmd_cp)
+    p.add_argument("src", metavar="SRC", help="store to copy from")
+    p.add_argument("dst", metavar="DST", help="store to copy into (created if need be)")
+    for side in ("src", "dst"):
+        p.add_argument(
+            f"--{side}-storage-options",
+            dest=f"{side}_opts",
+            metavar="JSON",
+            help=f"for {side.upper()} (default: --storage-options)",
+        )
+    p.add_argument(
+        "--trust-unsigned",
+        action="store_true",
+        help="into a local DST, copy compile artifacts that no accepted key signed too (they "
+        "are code: a node installs unsigned ones from a local store without a key); default: "
+        "signed ones only",
+    )
+
+    url(p := command("stats", cmd_stats))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    url(p := command("doctor", cmd_doctor))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command("fingerprint", cmd_fingerprint)
+    p.add_argument("factors", metavar="FACTORS.json", help="a JSON file of factors, - for stdin")
+    return parser
+
+
+def _one_store(args: argparse.Namespace) -> None:
+    """Set ``args.url`` to the store given as the operand ``URL`` or as ``--url`` (None:
+    neither); ``CliError`` if both are given, with different values."""
+    operand = vars(args).pop("url_operand", None)
+    if operand is None:
+        return
+    if args.url is not None and args.url != operand:
+        raise CliError(
+            f"{args.command}: the store is given twice, as URL {without_userinfo(operand)!r} "
+            f"and as --url {without_userinfo(args.url)!r}: give it once"
+        )
+    args.url = operand
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors). The
+    command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
+    returns 2 without waiting for it."""
+    args = build_parser().parse_args(argv)
+    command = background.start(lambda: _run(args), "plancache-command")
+    try:
+        done = command.join(args.timeout)
+    except KeyboardInterrupt:
+        return 130
+    if not done:
+        _report(f"{args.command}: not done within {args.timeout:g} s", args)
+        return 2
+    return command.wait(0)
+
+
+def console() -> NoReturn:
+    """The ``plancache`` executable: ``main()``, then exit at once with its status, without
+    waiting for any thread a stuck call left behind (output flushed first)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` name; its exit status. Any failure prints one error line
+    (with ``--debug``, the traceback before it; both without secrets) and returns 2."""
+    func: Callable[[argparse.Namespace], int] = args.func
+    args.opened = []  # stores to close on the way out
+    args.keyring = None  # read on first use
+    try:
+        _one_store(args)
+        return func(args)
+    except BrokenPipeError:  # e.g. `plancache ls | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # anything else: one line, whatever raised it
+        if args.debug:
+            for line in _scrub("".join(traceback.format_exception(exc)), args).splitlines():
+                echo(line, file=sys.stderr)
+        text = str(exc)
+        if not (text and isinstance(exc, EXPECTED_ERRORS)):
+            text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        _report(text, args)
+        return 2
+    finally:
+        for store in args.opened:
+            with contextlib.suppress(*EXPECTED_ERRORS):
+                store.close()
+
+
+def _report(message: str, args: argparse.Namespace) -> None:
+    """Print ``message`` as the command's one error line."""
+    echo(f"plancache: error: {_scrub(message, args)}", file=sys.stderr)

@@ -1,0 +1,291 @@
+"""``plancache doctor [URL]``: check a store and this node, one row per check.
+
+Each check has a status: ``ok``; ``finding`` (something to fix: exit 1); ``info`` (only
+absent or optional, e.g. no vLLM installed, no signing configured: never a finding). The
+store checks: the client opens, reachability and latency (p50 of ``GETS`` reads of a missing
+key), which credential source resolved (redacted), read and list permission, write and delete
+permission and every step of the conformance probe (``plancache._probe``, whose verdict is
+then cached for the write path), and the clock skew against the store's ``Date`` header.
+The node checks: signing keys (ids only), the local directory and its ``marks`` and
+``conformance`` subdirectories (path, owner, mode, free space), and vLLM (version, the
+``plancache`` entry point, ``VLLM_PLUGINS``, ``PLANCACHE_COMPILE_CACHE``). Every network
+call is bounded by the store's call timeouts; the whole command by ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import email.utils
+import importlib.metadata
+import os
+import pwd
+import secrets
+import shutil
+import stat
+import statistics
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from plancache._backends._remote import RemoteStore
+from plancache._backends.guarded import (
+    TRUST_VARIABLE,
+    VERDICTS_DIR,
+    VerdictCache,
+    identity,
+)
+from plancache._breaker import MARKS_DIR
+from plancache._command.display import echo, plural, print_json, print_table, size
+from plancache._config import Settings, keyring_from_env, parse_storage_options
+from plancache._keys import object_name
+from plancache._probe import STEPS, StoreVerdict, probe
+from plancache._redaction import scrub, secret_values, without_userinfo
+from plancache._store import READ_LIMIT, ForwardingStore, PlanStore, beneath
+from plancache.errors import ConfigError, PlanStoreError
+
+Status = Literal["ok", "finding", "info"]
+GETS = 5
+"""Reads of a missing key timed for the latency figure."""
+MAX_SKEW_S = 60.0
+"""Clock skew past which prune ages and crash-mark ages go wrong enough to report."""
+MIN_FREE_BYTES = 100 << 20
+"""Free space of the local directory below which it is a finding."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row: what was checked, its status, and what was found."""
+
+    section: str
+    check: str
+    status: Status
+    detail: str
+
+
+class _Doctor:
+    def __init__(self, settings: Settings, secrets_: list[str]) -> None:
+        self.settings = settings
+        self.secrets = secrets_
+        self.checks: list[Check] = []
+
+    def add(self, section: str, check: str, status: Status, detail: str) -> None:
+        self.checks.append(Check(section, check, status, scrub(detail, self.secrets)))
+
+    def attempt(self, section: str, check: str, fn: Callable[[], str]) -> bool:
+        """``fn()``'s text as an ``ok`` row, or its store error as a finding; True if ok."""
+        try:
+            self.add(section, check, "ok", fn())
+        except PlanStoreError as exc:
+            self.add(section, check, "finding", str(exc))
+            return False
+        return True
+
+    # -- the store ----------------------------------------------------------------------------
+    def store(self) -> None:
+        settings = dataclasses.replace(self.settings, local_tier=None, read_only=False)
+        stack = settings.open_store()  # the one open path: lazily, within its bound
+        try:
+            store = next(s for s in beneath(stack) if not isinstance(s, ForwardingStore))
+        except PlanStoreError as exc:
+            stack.close()
+            self.add("store", "open", "finding", str(exc))
+            return
+        try:
+            self.add("store", "open", "ok", f"{store.url} ({type(store).__name__})")
+            if isinstance(store, RemoteStore):
+                self.remote(store)
+            else:
+                self.local_store(store)
+        finally:
+            stack.close()
+
+    def local_store(self, store: PlanStore) -> None:
+        self.attempt("store", "list", lambda: f"{sum(1 for _ in store.iter_fingerprints())} plans")
+        self.add("store", "conformance", "info", "local directory: atomic by construction")
+
+    def remote(self, store: RemoteStore) -> None:
+        if not self.attempt("store", "endpoint", lambda: without_userinfo(store.endpoint())):
+            return
+        # not scrubbed again: gcsfs's method "anon" is also the ``token`` option's value
+        source = credential_source(store, self.secrets)
+        self.checks.append(Check("store", "credentials", "info", source))
+        missing = secrets.token_hex(32)
+        times: list[float] = []
+
+        def reads() -> str:
+            for _ in range(GETS):
+                start = time.perf_counter()
+                store.read_object(object_name(missing), READ_LIMIT)
+                times.append(time.perf_counter() - start)
+            return f"p50 {statistics.median(times) * 1000:.1f} ms of {GETS} reads"
+
+        if not self.attempt("store", "read", reads):
+            return
+        self.attempt(
+            "store", "list", lambda: "ok" if next(store.list_objects(""), None) else "ok (empty)"
+        )
+        self.conformance(store)
+        self.clock(store)
+
+    def conformance(self, store: RemoteStore) -> None:
+        if self.settings.trust_preconditions:
+            self.add("store", TRUST_VARIABLE, "info", "set: writes skip the probe's verdict")
+        result = probe(store.probe_store())
+        ran = {s.name: s for s in result.steps}
+        create, cleanup = ran.get("create"), ran.get("cleanup")
+        write: Status = "ok" if create is not None and create.ok else "finding"
+        if result.verdict is StoreVerdict.READ_ONLY:
+            write = "info" if self.settings.read_only else "finding"
+        self.add("store", "write", write, "ok" if write == "ok" else result.detail)
+        if cleanup is not None and cleanup.ok is not None:
+            self.add("store", "delete", "ok" if cleanup.ok else "finding", cleanup.detail or "ok")
+        status: Status = "ok" if result.verdict is StoreVerdict.HONEST else "finding"
+        if result.verdict is StoreVerdict.READ_ONLY:
+            status = "info" if self.settings.read_only else "finding"
+        for name, what in STEPS.items():
+            step = ran.get(name)
+            if name == "cleanup":  # shown as the delete permission
+                continue
+            if step is None:
+                self.add("probe", name, "info", f"not run: {what}")
+            else:  # a step that decided nothing (denied, no answer) is as the verdict
+                done: Status = status if step.ok is None else "ok" if step.ok else "finding"
+                self.add("probe", name, done, step.detail or what)
+        self.add(
+            "probe",
+            "verdict",
+            status,
+            f"{result.verdict.value}: {result.detail} ({result.requests} calls, "
+            f"{result.seconds:.2f} s)",
+        )
+        if result.verdict in (StoreVerdict.HONEST, StoreVerdict.LIES):
+            cache = VerdictCache(Path(self.settings.local_dir) / VERDICTS_DIR)
+            cache.save(identity(store), store.url, result)
+
+    def clock(self, store: RemoteStore) -> None:
+        endpoint = store.endpoint()
+        request = urllib.request.Request(endpoint, method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=store.timeouts.total) as r:
+                date = r.headers.get("Date")
+        except urllib.error.HTTPError as exc:  # an error answer still carries a Date
+            date = exc.headers.get("Date")
+        except OSError as exc:
+            self.add("store", "clock", "finding", f"no answer: {type(exc).__name__}")
+            return
+        now = time.time()
+        if not date:
+            self.add("store", "clock", "info", "the endpoint sends no Date header")
+            return
+        skew = now - email.utils.parsedate_to_datetime(date).timestamp()
+        status: Status = "ok" if abs(skew) <= MAX_SKEW_S else "finding"
+        self.add("store", "clock", status, f"this node is {skew:+.0f} s from the store's Date")
+
+    # -- this node ----------------------------------------------------------------------------
+    def signing(self) -> None:
+        try:
+            keyring = keyring_from_env()
+        except ConfigError as exc:
+            self.add("node", "signing", "finding", str(exc))
+            return
+        if not keyring.requires_signature:
+            self.add("node", "signing", "info", "not configured: records are not signed")
+            return
+        signs = keyring.signing_key_id or "none (verifies only)"
+        accepted = ", ".join(keyring.key_ids)
+        self.add("node", "signing", "ok", f"signing key id {signs}; accepted key ids {accepted}")
+
+    def directories(self) -> None:
+        root = Path(self.settings.local_dir)
+        for name, path in (
+            ("local dir", root),
+            ("marks dir", root / MARKS_DIR),
+            ("verdicts dir", root / VERDICTS_DIR),
+        ):
+            self.add("node", name, *directory(path))
+
+    def vllm(self) -> None:
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            self.add("vllm", "version", "info", "vLLM is not installed")
+        else:
+            self.add("vllm", "version", "ok", version)
+        points = importlib.metadata.entry_points(group="vllm.general_plugins")
+        ours = [p for p in points if p.name == "plancache"]
+        status: Status = "ok" if ours else "finding"
+        detail = ours[0].value if ours else "no 'plancache' entry point in vllm.general_plugins"
+        self.add("vllm", "entry point", status, detail)
+        plugins = os.environ.get("VLLM_PLUGINS")
+        if plugins is None:
+            self.add("vllm", "VLLM_PLUGINS", "ok", "unset: every plugin loads")
+        elif "plancache" in [p.strip() for p in plugins.split(",")]:
+            self.add("vllm", "VLLM_PLUGINS", "ok", f"{plugins!r} loads plancache")
+        else:
+            self.add("vllm", "VLLM_PLUGINS", "finding", f"{plugins!r} filters plancache out")
+        compile_cache = os.environ.get("PLANCACHE_COMPILE_CACHE")
+        self.add("vllm", "PLANCACHE_COMPILE_CACHE", "info", compile_cache or "unset")
+
+
+def credential_source(store: RemoteStore, secrets_: list[str]) -> str:
+    """Where the store's credentials came from (``RemoteStore.credential_source``), never a
+    secret (``secrets_`` are masked in an error)."""
+    try:
+        return store.credential_source()
+    except PlanStoreError as exc:
+        return scrub(f"not resolved: {exc}", secrets_)
+
+
+def directory(path: Path) -> tuple[Status, str]:
+    """(status, detail) of a directory plancache writes: owner, mode, free space."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "info", f"{path}: not created yet"
+    except OSError as exc:
+        return "finding", f"{path}: {exc.strerror}"
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    free = shutil.disk_usage(path).free
+    detail = f"{path}: owner {owner}, mode {stat.filemode(st.st_mode)}, {size(free)} free"
+    problems = []
+    if not stat.S_ISDIR(st.st_mode):
+        problems.append("not a directory")
+    elif not os.access(path, os.W_OK | os.X_OK):
+        problems.append("not writable by this user")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        problems.append("writable by everyone")
+    if free < MIN_FREE_BYTES:
+        problems.append("low on space")
+    return ("finding", f"{detail}: {', '.join(problems)}") if problems else ("ok", detail)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the store ``args.url`` (default: ``PLANCACHE_URL``) and this node; print a table
+    (or ``--json``); 0 if nothing was found, 1 if something was."""
+    settings = Settings.from_env()
+    options = settings.storage_options
+    if args.storage_options is not None:
+        options = parse_storage_options(args.storage_options, "--storage-options")
+    settings = dataclasses.replace(settings, url=args.url or settings.url, storage_options=options)
+    doctor = _Doctor(settings, list(secret_values({"url": settings.url, **options})))
+    doctor.store()
+    doctor.signing()
+    doctor.directories()
+    doctor.vllm()
+    findings = sum(c.status == "finding" for c in doctor.checks)
+    if args.json:
+        checks = [asdict(c) for c in doctor.checks]
+        print_json({"url": without_userinfo(settings.url), "findings": findings, "checks": checks})
+        return 1 if findings else 0
+    rows = [[c.section, c.check, c.status.upper(), c.detail] for c in doctor.checks]
+    print_table(["SECTION", "CHECK", "STATUS", "DETAIL"], rows, right=set())
+    echo(plural(findings, "finding"))
+    return 1 if findings else 0

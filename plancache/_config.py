@@ -1,0 +1,222 @@
+"""Settings from the environment, and the store they describe.
+
+- ``PLANCACHE_URL``: store URL or local path
+  (default ``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``)
+- ``PLANCACHE_TIMEOUT``: seconds a lookup or a record may take in all (default 2.0)
+- ``PLANCACHE_READ_ONLY``: never write the remote store (default 0)
+- ``PLANCACHE_LOCAL_TIER``: local tier in front of a remote store: 1, 0 or a directory
+  (default 1: the default local directory)
+- ``PLANCACHE_STORAGE_OPTIONS``: JSON object of storage options for the backend
+- ``PLANCACHE_SIGNING_KEY`` or ``PLANCACHE_SIGNING_KEY_FILE``: the key that signs what this
+  node writes; ``PLANCACHE_VERIFY_KEYS`` or ``PLANCACHE_VERIFY_KEYS_FILE``: further keys whose
+  signatures are accepted (rotation). With any key, only validly signed records are applied
+  (see ``plancache._signing``). A key variable that is set (even empty) but holds no key is a
+  ``ConfigError``, never "no signing"; ``#`` starts a comment in key files only
+  (``read_key_file``: regular files of at most ``MAX_KEY_FILE_BYTES``).
+- ``PLANCACHE_TRUST_PRECONDITIONS``: write to a remote store without the conformance probe,
+  even one found to ignore conditional writes (default 0; see
+  ``plancache._backends.guarded``)
+
+fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from plancache._backends import open_store
+from plancache._defaults import DEFAULT_BUDGET_S, default_dir
+from plancache._parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
+from plancache._redaction import redact, without_userinfo
+from plancache._signing import NO_KEYS, Keyring, parse_keys
+from plancache._store import PlanStore
+from plancache.errors import ConfigError
+
+log = logging.getLogger("plancache")
+
+MAX_KEY_FILE_BYTES = 64 * 1024
+"""Largest key file read (a key of ``openssl rand -hex 32`` is 64 bytes)."""
+
+
+def parse_storage_options(text: str, source: str) -> dict[str, Any]:
+    """A JSON object of storage options from ``source`` (a variable or flag name); else
+    ``ConfigError``. The text itself is never echoed: it may hold secrets."""
+    try:
+        options = orjson.loads(text) if text.strip() else {}
+    except orjson.JSONDecodeError:
+        raise ConfigError(f"{source} is not valid JSON") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{source} must be a JSON object")
+    return options
+
+
+def read_key_file(path: str, source: str) -> str:
+    """The text of the key file at ``path``, which ``source`` (a variable or option) names:
+    a regular file (links are followed: Kubernetes mounts secrets through them) of at most
+    ``MAX_KEY_FILE_BYTES``, opened without blocking, so that a FIFO or a device is refused at
+    once, never waited on or read without end. A file that users other than its owner may
+    read or write (group or other permission bits) is read, with a warning. Else
+    ``ConfigError`` naming ``source`` and ``path``, never the content."""
+    where = f"{source} {path!r}"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(os.path.expanduser(path), flags), "rb") as file:
+            st = os.fstat(file.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"cannot read {where}: not a regular file")
+            data = file.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    if st.st_mode & 0o077:
+        log.warning(
+            "plancache: %s can be read or written by users other than its owner (mode %04o); "
+            "make it 0600 or 0400",
+            where,
+            stat.S_IMODE(st.st_mode),
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read {where}: not UTF-8 text") from None
+
+
+def _keys(env: Mapping[str, str], name: str) -> list[str]:
+    """The keys in variable ``name``, or in the file ``{name}_FILE`` names (not both); none
+    if neither is set. One that is set (even empty) but holds no key is a ``ConfigError``:
+    a mistyped key never turns signing off."""
+    value, path = env.get(name), env.get(f"{name}_FILE")
+    if value is not None and path is not None:
+        raise ConfigError(f"set {name} or {name}_FILE, not both")
+    if value is not None:
+        source, keys = name, parse_keys(value, name)
+    elif path is not None:
+        source = f"{name}_FILE"
+        keys = parse_keys(read_key_file(path.strip(), source), source, comments=True)
+    else:
+        return []
+    if not keys:
+        note = " (in a key file, # starts a comment)" if path else ""
+        raise ConfigError(f"{source} is set but holds no key{note}; unset it to run without keys")
+    return keys
+
+
+def keyring_from_env(environ: Mapping[str, str] | None = None) -> Keyring:
+    """The keys ``PLANCACHE_SIGNING_KEY[_FILE]`` and ``PLANCACHE_VERIFY_KEYS[_FILE]`` hold
+    (``NO_KEYS`` when none is set); ``ConfigError`` naming the variable, never the key, for a
+    malformed, empty or unreadable one."""
+    env = os.environ if environ is None else environ
+    signing = _keys(env, "PLANCACHE_SIGNING_KEY")
+    if len(signing) > 1:
+        raise ConfigError(f"PLANCACHE_SIGNING_KEY holds {len(signing)} keys; it takes one")
+    verify = _keys(env, "PLANCACHE_VERIFY_KEYS")
+    if not (signing or verify):
+        return NO_KEYS
+    return Keyring(signing[0] if signing else None, verify)
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs that name something other than a local directory."""
+    return "://" in url and not url.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where plans live and how long a boot may spend on them."""
+
+    url: str = field(default_factory=lambda: str(default_dir()))
+    timeout: float = DEFAULT_BUDGET_S
+    """Seconds one lookup or record may take in all (the boot-path budget)."""
+    read_only: bool = False
+    local_tier: str | None = None
+    """Directory of the local tier in front of a remote store, or None for no tier."""
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    keyring: Keyring = NO_KEYS
+    """The signing and verify keys (``plancache._signing``); ``repr`` shows their ids only."""
+    trust_preconditions: bool = False
+    """Write to a remote store without probing that it honours conditional writes."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Settings(url={without_userinfo(self.url)!r}, timeout={self.timeout}, "
+            f"read_only={self.read_only}, "
+            f"local_tier={self.local_tier!r}, storage_options={redact(self.storage_options)!r}, "
+            f"keyring={self.keyring!r}, trust_preconditions={self.trust_preconditions})"
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the ``PLANCACHE_*`` variables; raises ``ConfigError`` naming a bad one."""
+        env = os.environ if environ is None else environ
+        local = str(default_dir(env))
+        url = env.get("PLANCACHE_URL") or local
+        timeout = parse_timeout(
+            "PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
+        )
+        read_only = parse_bool("PLANCACHE_READ_ONLY", env.get("PLANCACHE_READ_ONLY", "0"))
+        tier_value = env.get("PLANCACHE_LOCAL_TIER", "1")
+        tier: str | None = None
+        if is_remote(url):
+            lowered = tier_value.strip().lower()
+            if lowered in TRUE_WORDS:
+                tier = local
+            elif lowered not in FALSE_WORDS:
+                tier = os.path.expanduser(tier_value)
+        options = parse_storage_options(
+            env.get("PLANCACHE_STORAGE_OPTIONS", ""), "PLANCACHE_STORAGE_OPTIONS"
+        )
+        trust = parse_bool(
+            "PLANCACHE_TRUST_PRECONDITIONS", env.get("PLANCACHE_TRUST_PRECONDITIONS", "0")
+        )
+        return cls(url, timeout, read_only, tier, options, keyring_from_env(env), trust)
+
+    @property
+    def local_dir(self) -> str:
+        """This node's own directory: the local tier, else the store itself when it is local,
+        else the default directory (crash marks live under it)."""
+        if self.local_tier is not None:
+            return self.local_tier
+        if not is_remote(self.url):
+            return self.url.removeprefix("file://")
+        return str(default_dir())
+
+    def open_store(self) -> PlanStore:
+        """The configured store: the remote one behind a local tier when one is set, signing
+        and judging records with the configured keys. A remote store opens on first use (a
+        ``LazyStore``: each use waits at most its ``open_timeout``), so that the local tier
+        answers without waiting for the remote client; an object store is written only once
+        the conformance probe found it honest (``plancache._backends.guarded``; verdicts
+        cached under ``local_dir``)."""
+        store: PlanStore
+        if is_remote(self.url):
+            from plancache._backends.guarded import open_guarded
+            from plancache._backends.lazy import LazyStore
+
+            store = LazyStore(
+                self.url,
+                functools.partial(
+                    open_guarded,
+                    self.url,
+                    self.storage_options,
+                    self.local_dir,
+                    trust=self.trust_preconditions,
+                ),
+            )
+        else:
+            store = open_store(self.url, **self.storage_options)
+        if self.local_tier is not None or self.read_only:
+            from plancache._backends.tiered import TieredStore
+
+            local = open_store(self.local_tier) if self.local_tier is not None else None
+            store = TieredStore(store, local=local, read_only=self.read_only)
+        store.use_keyring(self.keyring)
+        return store

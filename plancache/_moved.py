@@ -1,0 +1,89 @@
+"""The module paths of plancache 0.3.0, which still import with a ``DeprecationWarning``.
+
+A finder on ``sys.meta_path`` answers an old path (``plancache.store``, or a module below an
+old package, ``plancache.backends.local``) with the module now at the new one: the same
+module object, so every name in it is the same object as before. ``plancache.fingerprint``
+is not among them: that name is the public function (the old module of that name, which
+the function shadowed, is ``plancache._keys``). Removed in 0.5.0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+
+REMOVED_IN = "0.5.0"
+MOVED = {
+    "plancache.artifact_commands": "plancache._command.artifacts",
+    "plancache.artifacts": "plancache._artifacts",
+    "plancache.backends": "plancache._backends",
+    "plancache.background": "plancache._background",
+    "plancache.breaker": "plancache._breaker",
+    "plancache.cache": "plancache._cache",
+    "plancache.cli": "plancache._command.cli",
+    "plancache.commands": "plancache._command.plans",
+    "plancache.config": "plancache._config",
+    "plancache.defaults": "plancache._defaults",
+    "plancache.display": "plancache._command.display",
+    "plancache.doctor": "plancache._command.doctor",
+    "plancache.gate": "plancache._gate",
+    "plancache.integrations.vllm.enable": "plancache._switches",
+    "plancache.inventory": "plancache._inventory.plans",
+    "plancache.merge": "plancache._merge",
+    "plancache.observation": "plancache._observation",
+    "plancache.parse": "plancache._parse",
+    "plancache.plan": "plancache._plan",
+    "plancache.probe": "plancache._probe",
+    "plancache.reasons": "plancache._reasons",
+    "plancache.redaction": "plancache._redaction",
+    "plancache.signing": "plancache._signing",
+    "plancache.store": "plancache._store",
+    "plancache.units": "plancache._units",
+}
+"""Old module path -> where the module is now."""
+
+
+def new_path(name: str) -> str | None:
+    """Where the module of the old path ``name`` is now; None if ``name`` did not move."""
+    for old, new in MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old path as the module at its new one, with a ``DeprecationWarning``."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(
+            f"{spec.name} is deprecated and will be removed in plancache {REMOVED_IN}: its "
+            f"names are public in plancache itself, or internal ({self.new})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module at the new path is executed already."""
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = new_path(name) if name.startswith("plancache.") else None
+        return None if new is None else importlib.machinery.ModuleSpec(name, _Alias(new))
+
+
+def install_moved_finder() -> None:
+    """Put the finder on ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())  # before the path finder: one module object

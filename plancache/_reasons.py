@@ -1,0 +1,82 @@
+"""Why a lookup or a record ended as it did: the reason codes of logs, JSON and metrics (pure).
+
+Members are ``str`` values, so ``decision.reason == "hit"`` holds and logs show the value.
+A lookup's reason is a ``Reason``; a record's is the ``PutOutcome`` of its put when the put
+ran, else the ``Reason`` it failed for (``RECORD_FAILURES``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import warnings
+from typing import cast
+
+
+class PutOutcome(enum.StrEnum):
+    """What ``PlanStore.put`` did (also ``plancache._store.PutOutcome``)."""
+
+    CREATED = "created"
+    REPLACED = "replaced"
+    KEPT = "kept"
+
+
+class Reason(enum.StrEnum):
+    """The reason of a ``Decision`` (``hit`` alone applies a plan), and of a ``Recorded``
+    that stored nothing (one of ``RECORD_FAILURES``)."""
+
+    HIT = "hit"
+    MISS = "miss"
+    """Nothing stored, or a record of another schema version (see the decision's detail)."""
+    BELOW_BASELINE = "gate:free-memory-below-baseline"
+    FREE_MEMORY_UNKNOWN = "gate:free-memory-unknown"
+    EXCEEDS_BUDGET = "gate:exceeds-budget"
+    """Every applicable observation's KV cache exceeds requested memory minus the weights."""
+    BUDGET_UNKNOWN = "gate:budget-unknown"
+    """The budget's figures are malformed (doubt: profile)."""
+    CRASHED_BEFORE = "gate:crashed-before"
+    """The only applicable observations are ones a boot on this node crashed after applying."""
+    INVALID = "invalid"
+    """The stored record breaks a rule of the format."""
+    INVALID_SIGNATURE = "invalid:signature"
+    """Keys are configured and the record lacks a valid signature from an accepted key."""
+    INVALID_FACTORS = "invalid-factors"
+    INVALID_INPUT = "invalid-input"
+    """A record's values make no valid plan (nothing was written)."""
+    STORE_ERROR = "store-error"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    """Unexpected; the detail names the exception."""
+
+
+RECORD_FAILURES = (Reason.INVALID_INPUT, Reason.STORE_ERROR, Reason.TIMEOUT, Reason.ERROR)
+"""The reasons of a ``Recorded`` that stored nothing."""
+
+
+@functools.cache
+def _record_reason() -> type[enum.StrEnum]:
+    """0.2.0's ``RecordReason``: the members of ``PutOutcome`` and ``RECORD_FAILURES``, by
+    name, with their values (so equal to them, as ``str``)."""
+    members = [(m.name, m.value) for m in (*PutOutcome, *RECORD_FAILURES)]
+    return cast("type[enum.StrEnum]", enum.StrEnum("RecordReason", members))  # the functional API
+
+
+def deprecated_reason(name: str) -> type[enum.StrEnum] | None:
+    """``RecordReason`` (deprecated in 0.3.0: a ``Recorded``'s reason is a ``PutOutcome`` or
+    a ``Reason``) for that name, with a ``DeprecationWarning``; None for any other name."""
+    if name != "RecordReason":
+        return None
+    warnings.warn(
+        "plancache.RecordReason is deprecated: a Recorded's reason is a PutOutcome (stored) "
+        "or a Reason (not stored)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return _record_reason()
+
+
+def __getattr__(name: str) -> type[enum.StrEnum]:
+    cls = deprecated_reason(name)
+    if cls is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return cls
