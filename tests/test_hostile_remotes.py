@@ -18,6 +18,7 @@ from plancache import PlanCache, open_store
 from plancache._backends._remote import RemoteStore
 from plancache._backends.local import LocalStore
 from plancache._config import Settings
+from plancache._inventory.artifacts import names as artifact_names
 from plancache._keys import object_name
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import FACTORS, GiB, make_plan
@@ -112,30 +113,36 @@ def _store(backend: str, endpoint: str) -> RemoteStore:
 
 
 PAGE = {"s3": _s3_page, "gcs": _gcs_page}
+LISTERS: dict[str, Callable[[RemoteStore], object]] = {
+    "plans": lambda store: list(store.iter_fingerprints()),
+    "compile-artifacts": artifact_names,  # every kind lists through the one bounded loop
+}
 
 
+@pytest.mark.parametrize("kind", sorted(LISTERS))
 @pytest.mark.parametrize("backend", ["s3", "gcs"])
-def test_a_repeated_page_token_ends_the_listing(backend: str) -> None:
+def test_a_repeated_page_token_ends_the_listing(backend: str, kind: str) -> None:
     with ScriptedServer(_listing(backend, lambda n: PAGE[backend]("same"))) as server:
         store = _store(backend, server.endpoint)
         with pytest.raises(PlanStoreUnavailableError, match="repeated a page token"):
-            within(10, lambda: list(store.iter_fingerprints()))
+            within(10, lambda: LISTERS[kind](store))
         assert len(server.requests) == 2
 
 
+@pytest.mark.parametrize("kind", sorted(LISTERS))
 @pytest.mark.parametrize("backend", ["s3", "gcs"])
-def test_a_listing_is_bounded_in_pages_and_time(backend: str) -> None:
+def test_a_listing_is_bounded_in_pages_and_time(backend: str, kind: str) -> None:
     with ScriptedServer(_listing(backend, lambda n: PAGE[backend](f"t{n}"))) as server:
         store = _store(backend, server.endpoint)
         store.max_list_pages = 5
         with pytest.raises(PlanStoreUnavailableError, match="within 5 pages"):
-            within(10, lambda: list(store.iter_fingerprints()))
+            within(10, lambda: LISTERS[kind](store))
         assert len(server.requests) == 5
         store.max_list_pages = 10_000
         store.list_timeout = 0.5
         start = time.monotonic()
         with pytest.raises(PlanStoreUnavailableError, match=r"within 0.5 s"):
-            within(10, lambda: list(store.iter_fingerprints()))
+            within(10, lambda: LISTERS[kind](store))
         assert time.monotonic() - start < 2.0
 
 
