@@ -17,6 +17,7 @@ from plancache._inventory import artifacts as inventory
 from plancache._inventory.artifacts import ArtifactRecord
 from plancache._objects import ObjectLayer
 from plancache._signing import Keyring, SignatureVerdict
+from plancache.errors import PlanStoreReadOnlyError
 
 KIND = "compile"
 """The KIND column of an artifact (plans are listed in their own table)."""
@@ -124,12 +125,12 @@ def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
 
 def verify(
     layer: ObjectLayer, keyring: Keyring, max_bytes: int, *, fix: bool, require_signature: bool
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Read every byte of every artifact; print each finding. With ``fix``, delete what is
     provably corrupt (or, with ``require_signature``, unsigned), only as the version judged;
-    what is unreadable here is kept. (checked, findings)."""
+    what is unreadable here is kept. (checked, findings, findings a refusing store kept)."""
     names = inventory.names(layer)
-    bad = 0
+    bad = refused = 0
     for name in names:
         problem = inventory.verify(layer, name, keyring, max_bytes)
         if problem is None:
@@ -139,12 +140,16 @@ def verify(
         doomed = problem.corrupt and (require_signature or not signature)
         note = ""
         if fix and doomed:
-            deleted = inventory.delete(layer, name, problem.version)
-            note = "  (deleted)" if deleted else "  (changed since it was judged: kept)"
+            try:
+                deleted = inventory.delete(layer, name, problem.version)
+                note = "  (deleted)" if deleted else "  (changed since it was judged: kept)"
+            except PlanStoreReadOnlyError as exc:
+                refused += 1
+                note = f"  (not deleted: {exc})"
         elif fix:
             note = "  (kept)"
         echo(f"{name}  {problem.text}{note}")
-    return len(names), bad
+    return len(names), bad, refused
 
 
 def rm(layer: ObjectLayer, refs: list[str]) -> None:

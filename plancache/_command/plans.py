@@ -275,6 +275,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         echo(f"{e.fingerprint}  {e.error} (another version's record: kept)")
     for f in result.findings:
         note = "" if f.fix is None else f"  ({f.fix})"
+        note += f": {f.detail}" if f.detail else ""
         echo(f"{f.entry.fingerprint}  {f.entry.problem}{note}")
     bad = len(result.findings)
     unsigned = sum(f.entry.rejected is not None for f in result.findings)
@@ -282,12 +283,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.require_signature:
         summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
-    checked, broken = artifact_commands.verify(
+    checked, broken, broken_kept = artifact_commands.verify(
         store, keys, _max_bytes(), fix=args.fix, require_signature=args.require_signature
     )
     if checked:
         echo(f"{plural(checked, 'compile artifact')} checked, every byte: {broken} failed")
-    return 1 if (bad or broken) and not args.fix else 0
+    refused = sum(f.fix is inventory.Fix.REFUSED for f in result.findings) + broken_kept
+    return 1 if (bad or broken) and (not args.fix or refused) else 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:

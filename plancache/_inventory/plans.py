@@ -34,7 +34,12 @@ from plancache._observation import Observation, Tombstone
 from plancache._plan import DEVICE_FACTOR, MODEL_LABEL, Plan
 from plancache._reasons import Reason
 from plancache._store import PlanStore, PutOutcome
-from plancache.errors import InvalidPlanError, InvalidSignatureError, UnsupportedSchemaError
+from plancache.errors import (
+    InvalidPlanError,
+    InvalidSignatureError,
+    PlanStoreReadOnlyError,
+    UnsupportedSchemaError,
+)
 
 T = TypeVar("T")
 WORKERS = 8
@@ -173,6 +178,9 @@ class Fix(enum.StrEnum):
     DELETED = "deleted"
     NOW_VALID = "now valid, kept"
     """A writer replaced it with a valid record since the scan."""
+    REFUSED = "not deleted"
+    """The store refuses writes (read-only, or not found to honour conditional writes):
+    ``Finding.detail`` says why."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,8 @@ class Finding:
 
     entry: PlanRecord
     fix: Fix | None = None
+    detail: str | None = None
+    """Why the fix was refused (``Fix.REFUSED``)."""
 
 
 @dataclass(frozen=True)
@@ -219,15 +229,19 @@ def verify(store: PlanStore, *, fix: bool = False, require_signature: bool = Fal
     findings = []
     for e in filter(bad, entries):
         outcome = None
+        detail = None
         if fix:
             fp = e.fingerprint
             try:
-                gone = store.delete_if(fp, functools.partial(doomed, fp))
-            except InvalidPlanError:  # no file at all: nothing a writer wrote
-                store.delete(fp)
-                gone = True
-            outcome = Fix.DELETED if gone else Fix.NOW_VALID
-        findings.append(Finding(e, outcome))
+                try:
+                    gone = store.delete_if(fp, functools.partial(doomed, fp))
+                except InvalidPlanError:  # no file at all: nothing a writer wrote
+                    store.delete(fp)
+                    gone = True
+                outcome = Fix.DELETED if gone else Fix.NOW_VALID
+            except PlanStoreReadOnlyError as exc:  # the rest is still reported
+                outcome, detail = Fix.REFUSED, str(exc)
+        findings.append(Finding(e, outcome, detail))
     kept = [e for e in entries if e.other_schema and not bad(e)]
     return Verification(len(entries), findings, kept)
 
