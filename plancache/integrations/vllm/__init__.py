@@ -14,7 +14,8 @@ gate, write a crash mark, agree across ranks, apply) and ``compile_or_warm_up_mo
 imported, so processes that never import it (the API server) pay nothing. Its guarantees
 are listed once, in the documentation (``docs/vllm.md``, "Guarantees").
 
-Modules: ``enable`` (whether the plugin acts), ``registration`` (the entry point, logs),
+Modules: ``registration`` (the entry point, logs; whether the plugin acts is
+``plancache._switches``),
 ``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
 the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
@@ -22,7 +23,7 @@ worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetche
 uploaded to the same store: see ``plancache._artifacts``).
 Importing this package imports neither vLLM nor torch, and its names load on first use
 (PEP 562): vLLM imports it in every process, and a process where the plugin is off loads
-only ``registration`` and ``enable``.
+only ``registration`` and ``plancache._switches``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ _LAZY = {
     **dict.fromkeys(
         ("Boot", "BootMode", "boot_of", "maybe_apply_startup_plan", "warmed_up"), "apply"
     ),
-    "enabled": "enable",
+    "enabled": "plancache._switches",
     **dict.fromkeys(
         ("WorkerFactors", "device_factors", "software_factors", "worker_factors", "worker_labels"),
         "factors",
@@ -79,7 +80,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if "." in module else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 
