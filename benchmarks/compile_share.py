@@ -6,8 +6,9 @@ Cases, each with its first-forward time (where vLLM compiles or loads) and whole
 
 - ``cold``: empty ``VLLM_CACHE_ROOT``, empty store: vLLM compiles; plancache uploads.
 - ``warm``: the same node again: vLLM's own local cache.
-- ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact from a shared directory.
-- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the artifact from S3 (moto on 127.0.0.1).
+- ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact and the model info the
+  cold node shared, from a shared directory.
+- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1).
 
 Also: what a hit adds to the critical path (fetch, verify and install of the real artifact)
 on a local directory, S3 and GCS, with 0 and 300 ms injected per request; and the peak memory
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plancache import open_store
 from plancache._artifacts.share import ArtifactStore, CompileSettings
 from plancache._config import Settings
 from plancache.testing import servers
@@ -119,7 +121,11 @@ def measure_boots(work: Path) -> dict[str, Any]:
     with servers.s3_server() as (url, options):
         artifacts = ArtifactStore(Settings(url, storage_options=options), CompileSettings())
         artifacts.upload(key, key.name, "rank_0_0")
-        print("  new node, artifact from S3 (moto) ...", flush=True)
+        local, remote = open_store(store), open_store(url, **options)
+        for name in local.list_objects("model_info_"):  # what the cold node shared beside it
+            found = local.read_object(name, 1 << 20)
+            assert found is not None and remote.write_object(name, [found[0]])
+        print("  new node, artifact and model info from S3 (moto) ...", flush=True)
         cases["new node, S3"] = _node(
             python,
             model_dir,

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plancache import _background as background
+from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import (
     Readable,
     install,
@@ -63,7 +64,7 @@ from plancache._objects import ObjectLayer, Opened
 from plancache._observation import Observation
 from plancache._parse import parse_bool, parse_timeout
 from plancache._probe import StoreVerdict
-from plancache._signing import SignatureVerdict
+from plancache._signing import Keyring, SignatureVerdict
 from plancache._store import PlanStore, beneath
 from plancache.errors import ArtifactError, ConfigError, PlanStoreError, PlanStoreReadOnlyError
 
@@ -180,6 +181,16 @@ def lies(store: PlanStore) -> bool:
     return known is not None and known.verdict is StoreVerdict.LIES
 
 
+def _read_at_most(reader: Readable, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``reader``."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit and (chunk := reader.read(limit - got)):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 class ArtifactStore:
     """The compile artifacts kind on the configured stores (see the module docstring):
     ``store`` is the stack ``Settings.open_store`` builds (its object layer is the store
@@ -213,9 +224,20 @@ class ArtifactStore:
         others could have written it there), else why not."""
         if as_observation(manifest).digest in avoid:
             return "gate:crashed-before (a boot on this node died with it)"
+        return self.refusal(manifest.verdict, local, foreign)
+
+    def refusal(
+        self,
+        verdict: Callable[[Keyring], SignatureVerdict],
+        local: bool,
+        foreign: str | None = None,
+    ) -> str | None:
+        """The trust rule of every kind loaded as code or trusted as fact: None to use an
+        object (from a local source if ``local``; ``foreign``: why others could have written
+        it there; ``verdict``: its signature's, under a keyring), else why not."""
         if self.keyring.requires_signature:
-            verdict = manifest.verdict(self.keyring)
-            return None if verdict is SignatureVerdict.VALID else f"invalid:signature ({verdict})"
+            judged = verdict(self.keyring)
+            return None if judged is SignatureVerdict.VALID else f"invalid:signature ({judged})"
         if local:
             return None if foreign is None else f"untrusted: unsigned, and {foreign}"
         if not self.compile.trust_unsigned:
@@ -291,6 +313,59 @@ class ArtifactStore:
             break
         result.seconds = time.monotonic() - start
         return result
+
+    def fetch_model_info(self, name: str, module_hash: str, path: Path) -> Fetched:
+        """Install the model-info file ``name`` (of a module whose source has
+        ``module_hash``) at ``path`` from the first source that holds a trusted, valid one,
+        never over a file there. Never raises."""
+        start = time.monotonic()
+        result = Fetched("miss")
+        for label, layer, local in self._sources():
+            if not (local or self.compile.trust_unsigned or self.keyring.requires_signature):
+                result = Fetched("untrusted", source=label)
+                continue
+            try:
+                opened = layer.open_object(name)
+                if opened is None:
+                    continue
+                try:
+                    data = _read_at_most(opened, modelinfo.MAX_BYTES + 1)
+                finally:
+                    opened.close()
+                info = modelinfo.ModelInfo.decode(data)
+                if info.name != name or info.module_hash != module_hash:
+                    raise ArtifactError("model info of another module, class or source")
+                why = self.refusal(info.verdict, local, opened.foreign)
+                if why is not None:
+                    untrusted = why.startswith("untrusted")
+                    if untrusted and opened.foreign is not None:
+                        warn_foreign(f"{layer.url}/{name}", opened.foreign)  # once per place
+                    result = Fetched("untrusted" if untrusted else "invalid", source=label)
+                    continue
+                reason = "hit" if modelinfo.install(info, path) else "present"
+            except ArtifactError as exc:
+                result = Fetched("invalid", source=label)
+                log.warning("plancache: model info %s from %s not installed: %s", name, label, exc)
+                continue
+            except Exception as exc:  # store errors, disk errors: vLLM inspects the class
+                result = Fetched("store-error", source=label)
+                log.warning("plancache: model info %s from %s: %s", name, label, exc)
+                continue
+            result = Fetched(reason, source=label)
+            break
+        result.seconds = time.monotonic() - start
+        return result
+
+    def upload_model_info(self, info: modelinfo.ModelInfo) -> dict[str, bool]:
+        """Store ``info`` create-if-absent on the store (unless it refuses writes: logged),
+        then on the local tier; {destination: created}. Never raises."""
+        out: dict[str, bool] = {}
+        for label, layer in self._destinations():
+            try:
+                out[label] = layer.write_object(info.name, [info.encode()])
+            except Exception as exc:
+                log.warning("plancache: model info: not written to the %s: %s", label, exc)
+        return out
 
     def _remove_stale_uploads(self, name: str) -> None:
         """Remove the temp files that killed uploads of ``name`` left in local stores."""

@@ -50,8 +50,17 @@ def main() -> None:
     from vllm.config import CompilationMode, VllmConfig, set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.forward_context import set_forward_context
+    from vllm.model_executor.models import registry
     from vllm.plugins import load_general_plugins
 
+    inspections: list[str] = []  # a probe on vLLM's own subprocess inspection (still runs it)
+    inspect_in_subprocess = registry._run_in_subprocess
+
+    def counted(fn: Any) -> Any:
+        inspections.append("subprocess")
+        return inspect_in_subprocess(fn)
+
+    registry._run_in_subprocess = counted
     load_general_plugins()  # plancache's register(), as in every vLLM process
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None  # shim
 
@@ -120,6 +129,7 @@ def main() -> None:
         "aot_saved": compilation_counter.num_aot_artifacts_saved,
         "equal_eager": bool(torch.allclose(out, eager, atol=1e-5)),
         "upload_wait_s": waited,
+        "inspections": len(inspections),  # model classes vLLM inspected in a subprocess
     }
     print(json.dumps(report), flush=True)
 

@@ -106,6 +106,9 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> Cold:
     parsed = parse_object_name(names[0])
     assert parsed is not None and parsed[1] == "rank_0_0"
     assert "stored: store=created" in log
+    assert report["inspections"] == 1, log[-3000:]  # no model info anywhere: vLLM inspects
+    infos = list(open_store(str(store)).list_objects("model_info_"))
+    assert len(infos) == 1, log[-3000:]  # and its file is shared
     return Cold(model_dir, store, root, parsed[0], report)
 
 
@@ -184,6 +187,9 @@ def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
         assert report["aot_compiles"] == 0 and report["equal_eager"]
         assert "rank_0_0: hit from store" in log
         assert "while the model loaded" in log  # fetched from the model's construction on
+    local, _, _ = fleet.loads  # the one store that holds the cold node's model info
+    assert local[0]["inspections"] == 0, local[1][-3000:]  # vLLM read the shared file
+    assert "ForCausalLM: hit from store" in local[1]
     assert len(artifact_names(open_store(str(cold.store)))) == 1  # nothing uploaded after a load
 
 

@@ -128,6 +128,12 @@ def _open() -> None:
     _store = store
 
 
+def opened() -> ArtifactStore | None:
+    """The artifact store, its opening started now if need be (see ``store``)."""
+    _start_opening()
+    return store()
+
+
 def store() -> ArtifactStore | None:
     """The artifact store, once opened (waits for the opening at most the fetch bound)."""
     opening = _opening

@@ -1,0 +1,181 @@
+"""The model-info kind: vLLM's ``VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json``, shared.
+
+Without that file, vLLM's model registry inspects the model class in a fresh Python
+subprocess (``_LazyRegisteredModel.inspect_model_cls``: 11-13 s of a boot on this machine);
+with it, it reads the file. The file carries a ``hash`` of the model module's source, which
+vLLM checks before using it, so a copy from another node serves only where the source is
+the same.
+
+A kind on the object layer, like compile artifacts (and with their stores and trust rules,
+``ArtifactStore``): an encoding and a policy, nothing about a backend.
+
+- key: vLLM's own hash of the module's source, with the module, the class and vLLM's version
+  (``object_name``); one object ``model_info_<sha256>.json`` each;
+- encoding: an envelope (format, module, class, vLLM version, the file vLLM wrote, time,
+  signature), at most ``MAX_BYTES``, checked on every decode (``ModelInfo.decode``);
+- policy: fetched when vLLM finds no file (before it inspects the class), installed
+  atomically and never over a file the node has; uploaded create-if-absent once vLLM wrote
+  one; trusted as compile artifacts are (``ArtifactStore.refusal``): signed with keys, else
+  from a local directory no other user could write, or a remote store the operator trusts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plancache._plan import Signature
+from plancache._signing import Keyring, SignatureVerdict
+from plancache.errors import ArtifactError, UnreadableHereError
+
+FORMAT = 1
+NAME_PREFIX = "model_info_"
+MAX_BYTES = 256 * 1024
+"""Largest envelope read (vLLM's files are well under 1 KiB)."""
+
+
+def object_name(vllm_version: str, module: str, cls: str, module_hash: str) -> str:
+    """The object of a model-info file: vLLM's version, the class and its source's hash."""
+    key = "\0".join((vllm_version, module, cls, module_hash)).encode()
+    return f"{NAME_PREFIX}{hashlib.sha256(key).hexdigest()}.json"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One shared model-info file and what it was made by."""
+
+    vllm: str
+    module: str
+    cls: str
+    file: dict[str, Any]
+    """The JSON vLLM wrote (``{"hash": ..., "modelinfo": {...}}``)."""
+    created_at: float
+    signature: Signature | None = None
+
+    @property
+    def module_hash(self) -> str:
+        return str(self.file["hash"])
+
+    @property
+    def name(self) -> str:
+        return object_name(self.vllm, self.module, self.cls, self.module_hash)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "vllm": self.vllm,
+            "module": self.module,
+            "class": self.cls,
+            "file": self.file,
+            "created_at": self.created_at,
+        }
+
+    def payload(self) -> bytes:
+        """The canonical bytes a signature covers (everything but the signature)."""
+        return orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
+
+    def encode(self) -> bytes:
+        body = self._body()
+        if self.signature is not None:
+            body["signature"] = self.signature.to_dict()
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+    def signed_with(self, keyring: Keyring) -> ModelInfo:
+        return (
+            self
+            if not keyring.can_sign
+            else replace(self, signature=keyring.sign_payload(self.payload()))
+        )
+
+    def verdict(self, keyring: Keyring) -> SignatureVerdict:
+        return keyring.verdict_payload(self.payload(), self.signature)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ModelInfo:
+        """Parse and check an envelope; ``ArtifactError`` (``UnreadableHereError`` for a
+        newer format)."""
+        if len(data) > MAX_BYTES:
+            raise ArtifactError(f"model info over {MAX_BYTES} bytes")
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ArtifactError(f"model info is not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ArtifactError("model info is not a JSON object")
+        form = obj.get("format")
+        if isinstance(form, int) and not isinstance(form, bool) and form > FORMAT:
+            raise UnreadableHereError(f"model info of format {form}, newer than {FORMAT}")
+        file, created = obj.get("file"), obj.get("created_at")
+        texts = [obj.get(k) for k in ("vllm", "module", "class")]
+        if form != FORMAT or not all(isinstance(t, str) and t for t in texts):
+            raise ArtifactError(f"not a model info of format {FORMAT}")
+        if not (
+            isinstance(file, dict)
+            and isinstance(file.get("hash"), str)
+            and isinstance(file.get("modelinfo"), dict)
+        ):
+            raise ArtifactError("model info holds no vLLM model-info file")
+        if not isinstance(created, (int, float)) or isinstance(created, bool):
+            raise ArtifactError("model info's created_at is a number")
+        sig = obj.get("signature")
+        try:
+            signature = None if sig is None else Signature.from_dict(sig)
+        except ValueError as exc:
+            raise ArtifactError(f"model info's signature is malformed: {exc}") from None
+        vllm, module, klass = (str(t) for t in texts)
+        return cls(vllm, module, klass, file, float(created), signature)
+
+
+def read_file(path: Path) -> dict[str, Any] | None:
+    """The model-info file vLLM wrote at ``path`` (a regular file, at most ``MAX_BYTES``),
+    or None if there is none or it is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(MAX_BYTES + 1)
+    try:
+        obj = orjson.loads(data) if len(data) <= MAX_BYTES else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("hash"), str):
+        return None
+    return obj if isinstance(obj.get("modelinfo"), dict) else None
+
+
+def install(info: ModelInfo, path: Path) -> bool:
+    """Write ``info``'s file at ``path`` atomically (temp + ``link``), never over a file
+    already there; True if this call wrote it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(info.file, option=orjson.OPT_INDENT_2))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def made(vllm: str, module: str, cls: str, file: dict[str, Any], keyring: Keyring) -> ModelInfo:
+    """The envelope of a file this node's vLLM wrote, signed where ``keyring`` can sign."""
+    return ModelInfo(vllm, module, cls, file, time.time()).signed_with(keyring)

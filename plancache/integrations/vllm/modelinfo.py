@@ -1,0 +1,134 @@
+"""Share vLLM's model-info files (``VLLM_CACHE_ROOT/modelinfos/``) through the store.
+
+``hook()`` (run by ``register`` where compile artifacts are shared) wraps two methods of
+``vllm.model_executor.models.registry._LazyRegisteredModel``, now or when that module is
+imported:
+
+- ``_load_modelinfo_from_cache(module_hash)``: where vLLM finds no file for the model class
+  (it would inspect the class in a fresh Python subprocess: 11-13 s of a boot here), the
+  file of (vLLM's version, module, class, ``module_hash``) is fetched, verified, trusted as
+  compile artifacts are, and installed atomically, never over a file the node has; then
+  vLLM reads it as its own. The fetch waits at most ``PLANCACHE_TIMEOUT`` (the plans'
+  budget), then vLLM inspects as usual;
+- ``_save_modelinfo_to_cache(mi, module_hash)``: once vLLM wrote a file, it is uploaded in
+  the background, create-if-absent (``compile.uploads``: bounded at exit).
+
+Plugins load in ``EngineArgs.__post_init__``, before ``create_engine_config`` inspects the
+model, so the first inspection of a boot already finds the file. A vLLM without those
+methods (another version's internals) gets one warning and runs exactly as without
+plancache. Nothing here raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from plancache import _background as background
+from plancache._artifacts import modelinfo
+from plancache.integrations.vllm import compile
+
+log = logging.getLogger("plancache.vllm")
+
+TARGET_MODULE = "vllm.model_executor.models.registry"
+CLASS = "_LazyRegisteredModel"
+LOAD, SAVE = "_load_modelinfo_from_cache", "_save_modelinfo_to_cache"
+REQUIRED = (LOAD, SAVE, "_get_cache_dir", "_get_cache_filename")
+MARK = "__plancache_wrapped__"
+
+
+def hook() -> None:
+    """Wrap the registry's model-info cache now, or when its module is imported."""
+    from plancache.integrations.vllm.patch import patch_on_import
+
+    module = sys.modules.get(TARGET_MODULE)
+    if module is not None:
+        patch_registry(module)
+    else:
+        patch_on_import(TARGET_MODULE, patch_registry)
+
+
+def patch_registry(module: ModuleType) -> bool:
+    """Wrap the two methods (once); False, with one warning, where they are not there."""
+    cls = getattr(module, CLASS, None)
+    missing = [m for m in REQUIRED if not callable(getattr(cls, m, None))]
+    if cls is None or missing:
+        log.warning(
+            "plancache: this vLLM's %s has no %s: model info is not shared",
+            TARGET_MODULE,
+            f"{CLASS}" if cls is None else ", ".join(f"{CLASS}.{m}" for m in missing),
+        )
+        return False
+    if getattr(getattr(cls, LOAD), MARK, False):
+        return True
+    load, save = getattr(cls, LOAD), getattr(cls, SAVE)
+
+    def load_modelinfo(self: Any, module_hash: str) -> Any:
+        found = load(self, module_hash)
+        if found is None and _fetch(self, module_hash):
+            found = load(self, module_hash)
+        return found
+
+    def save_modelinfo(self: Any, mi: Any, module_hash: str) -> None:
+        save(self, mi, module_hash)
+        try:
+            _upload(self, module_hash)
+        except Exception as exc:  # never into vLLM
+            log.warning("plancache: model info not uploaded: %s: %s", type(exc).__name__, exc)
+
+    for wrapper in (load_modelinfo, save_modelinfo):
+        setattr(wrapper, MARK, True)
+    setattr(cls, LOAD, load_modelinfo)
+    setattr(cls, SAVE, save_modelinfo)
+    return True
+
+
+def _where(model: Any) -> tuple[Path, str, str, str]:
+    """(the file vLLM reads, vLLM's version, the model's module, its class)."""
+    import vllm
+
+    path = Path(model._get_cache_dir()) / model._get_cache_filename()
+    return path, str(vllm.__version__), str(model.module_name), str(model.class_name)
+
+
+def _fetch(model: Any, module_hash: str) -> bool:
+    """True if a shared file was installed for ``model`` (within the plans' budget)."""
+    try:
+        path, version, module, cls = _where(model)
+        artifacts = compile.opened()
+        if artifacts is None:
+            return False
+        name = modelinfo.object_name(version, module, cls, module_hash)
+        job = background.start(
+            lambda: artifacts.fetch_model_info(name, module_hash, path), "plancache-modelinfo"
+        )
+        budget = artifacts.settings.timeout
+        if not job.join(budget):
+            log.info("plancache: model info %s.%s: timeout (%.1f s)", module, cls, budget)
+            return False
+        fetched = job.wait(0)
+    except Exception as exc:  # never into vLLM: it inspects the class as usual
+        log.warning("plancache: model info not fetched: %s: %s", type(exc).__name__, exc)
+        return False
+    log.info(
+        "plancache: model info %s.%s: %s%s (%.3f s)",
+        module,
+        cls,
+        fetched.reason,
+        f" from {fetched.source}" if fetched.source else "",
+        fetched.seconds,
+    )
+    return fetched.reason in ("hit", "present")
+
+
+def _upload(model: Any, module_hash: str) -> None:
+    path, version, module, cls = _where(model)
+    file = modelinfo.read_file(path)
+    artifacts = compile.opened()
+    if file is None or file.get("hash") != module_hash or artifacts is None:
+        return
+    info = modelinfo.made(version, module, cls, file, artifacts.keyring)
+    compile.uploads.start(artifacts.upload_model_info, info)
