@@ -115,12 +115,11 @@ def _read_at_most(fd: int, size: int, limit: int = READ_LIMIT) -> bytes:
 
 
 @dataclass(frozen=True)
-class _Content:
-    """A local object's version token when it is read whole or in part: the bytes read, and
-    whether they were all it held."""
+class _Partial:
+    """A local object's version token when a read stopped at its limit: the bytes read (a
+    whole read's token is its bytes themselves)."""
 
     data: bytes
-    whole: bool
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
@@ -220,7 +219,7 @@ class LocalStore(PlanStore):
             raise _store_error(self.root / name, "read", exc) from exc
         finally:
             os.close(fd)
-        return data, _Content(data, len(data) < limit)
+        return data, (data if len(data) < limit else _Partial(data))
 
     def open_object(self, name: str) -> Opened | None:
         """The version token is the file's identity (device, inode, size, times): a replace
@@ -291,10 +290,11 @@ class LocalStore(PlanStore):
     def _is_version(self, name: str, version: object) -> bool:
         """True if object ``name`` is still the one ``version`` names (its bytes, from
         ``read_object``, or its identity, from ``open_object``)."""
-        if isinstance(version, _Content):
-            limit = len(version.data) + 1 if version.whole else len(version.data)
+        if isinstance(version, (bytes, _Partial)):
+            data = version.data if isinstance(version, _Partial) else version
+            limit = len(data) if isinstance(version, _Partial) else len(data) + 1
             current = self.read_object(name, limit)
-            return current is not None and current[0] == version.data
+            return current is not None and current[0] == data
         try:
             return _identity(os.lstat(self.root / name)) == version
         except FileNotFoundError:
