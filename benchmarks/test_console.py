@@ -89,6 +89,7 @@ def fake_results() -> dict[str, Any]:
     case = {"first_forward_s": 3.6, "process_s": 30.0, "fetch_s": 0.2, "plancache": "hit"}
     case |= {"first_forward_saved_s": 21.6, "first_forward_ratio": 0.14, "process_saved_s": 17.0}
     cold = case | {"first_forward_s": 25.2, "first_forward_saved_s": 0.0, "plancache": "miss"}
+    warm = case | {"process_s": 25.0, "first_forward_s": 3.0}
     return {
         "machine": {"cpu": "cpu", "cpu_count": 2, "memory_gib": 24.0, "gpus": []},
         "stores": {
@@ -99,7 +100,13 @@ def fake_results() -> dict[str, Any]:
                 "lookup_hit": p,
             }
         },
-        "compile": {"cases": {"cold": cold | {"first_forward_ratio": 1.0}, "new node, S3": case}},
+        "compile": {
+            "cases": {
+                "cold": cold | {"first_forward_ratio": 1.0, "process_s": 47.0},
+                "warm": warm,
+                "new node, S3": case,
+            }
+        },
         "boot": "skipped: no CUDA GPU on this machine (nvidia-smi lists none)",
         "stages": {"remote": {"what": "S3 and GCS", "status": "skipped: --no-remote"}},
     }
@@ -112,7 +119,8 @@ def test_the_headline_leads_with_savings_and_says_what_was_not_measured() -> Non
     )
     assert saves < costs < missing
     assert re.search(
-        r"compile: new node, artifact from S3 +first forward 3.6 s vs 25.2 s cold: 21.6 s saved",
+        r"whole boot: new node, store: S3 +process 30.0 s \(1.20x warm, 47.0 s cold\): 17.0 s "
+        r"saved; first forward 3.6 s vs 25.2 s cold \(0.14x",
         table,
     )
     assert re.search(r"lookup hit, local +200 µs p50, 400 µs p99: 4x vLLM's built-in", table)
@@ -128,7 +136,7 @@ def test_the_plot_leads_with_savings_and_says_what_was_not_measured() -> None:
     lead, costs = fig.axes[0], fig.axes[-1]
     assert "SAVES" in lead.get_title() and "COSTS" in costs.get_title()
     words = [t.get_text() for t in lead.texts]
-    assert any("21.6 s saved" in w for w in words), words
+    assert any("17.0 s saved" in w for w in words), words
     assert any(w.startswith("not measured here: skipped: no CUDA GPU") for w in words), words
     assert not any(re.search(r"\d+\.\dx built-in", w) for w in words)
     ticks = [t.get_text() for t in costs.get_yticklabels()]
