@@ -15,14 +15,14 @@ Trust: with any signing or verify key configured, only artifacts validly signed 
 accepted key are installed, from any store. Without a key, artifacts from a local store or
 the local tier are installed only where no other user could have written them (the
 directory and the file owned by this user or root, neither writable by group or others:
-``backends.local.foreign_writers``; else refused with one warning naming the place and the
+``_backends.local.foreign_writers``; else refused with one warning naming the place and the
 fix), and artifacts from a remote store only with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1``, and
 never unsigned from a store the conformance probe found to ignore write preconditions
 (``plancache._probe``).
 
 Lying stores: the store is opened as plans' is (``Settings.open_store``: lazily, behind the
 conformance guard, read-only mode), so a remote object store is written (uploads,
-retractions) only when the conformance probe found it honest (``backends.guarded``), unless
+retractions) only when the conformance probe found it honest (``_backends.guarded``), unless
 ``PLANCACHE_TRUST_PRECONDITIONS=1``; the probe runs on the upload's background thread, never
 on a fetch's path, which reads only a verdict already known.
 
