@@ -237,6 +237,14 @@ def table(results: dict[str, Any]) -> str:
             f"{c['first_forward_ratio']:6.2f}x {c['process_s']:7.1f} s "
             f"{c['process_saved_s']:6.1f} s  {c['plancache']}{fetched}"
         )
+    phases = {n: c["phases_s"] for n, c in results.get("cases", {}).items() if "phases_s" in c}
+    if phases:
+        lines.append("  the process by phase (s):")
+        for phase in next(iter(phases.values())):
+            lines.append(
+                f"    {phase:52s} "
+                + "  ".join(f"{n} {p.get(phase, float('nan')):.1f}" for n, p in phases.items())
+            )
     fetch = results.get("fetch")
     if fetch:
         lines.append(

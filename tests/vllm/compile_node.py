@@ -51,6 +51,9 @@ def main() -> None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.models import registry
+
+    imported = time.perf_counter()
+    inspect_s = _vllm_timing(registry.logger.name, "Registry inspect model class")
     from vllm.plugins import load_general_plugins
 
     inspections: list[str] = []  # a probe on vLLM's own subprocess inspection (still runs it)
@@ -64,6 +67,7 @@ def main() -> None:
     load_general_plugins()  # plancache's register(), as in every vLLM process
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None  # shim
 
+    configured = time.perf_counter()
     engine_args = EngineArgs(
         model=args.model_dir,
         skip_tokenizer_init=True,
@@ -71,6 +75,7 @@ def main() -> None:
         enforce_eager=True,
     )
     config: VllmConfig = engine_args.create_engine_config()
+    configured = time.perf_counter() - configured
     config.compilation_config.mode = CompilationMode.VLLM_COMPILE  # shim: CPU downgrades it
     config.compilation_config.backend = "inductor"
     config.compilation_config.compile_sizes = []  # shim: no model runner sets it
@@ -130,8 +135,33 @@ def main() -> None:
         "equal_eager": bool(torch.allclose(out, eager, atol=1e-5)),
         "upload_wait_s": waited,
         "inspections": len(inspections),  # model classes vLLM inspected in a subprocess
+        "phases_s": {  # the process by phase (first forward: compile or load)
+            "import vLLM and torch": imported - START,
+            "engine config": configured,
+            "of which model inspection (vLLM's own timing line)": sum(inspect_s),
+            "first forward": first_forward,
+        },
     }
     print(json.dumps(report), flush=True)
+
+
+def _vllm_timing(logger: str, what: str) -> list[float]:
+    """The seconds of each of vLLM's ``@logtime`` lines ``what`` on ``logger`` from now on
+    (vLLM logs them at DEBUG: that logger alone is turned up)."""
+    import logging
+
+    found: list[float] = []
+
+    class Timing(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith(f"{what}: Elapsed time "):
+                found.append(float(message.rsplit(" ", 2)[1]))
+
+    target = logging.getLogger(logger)
+    target.addHandler(Timing(logging.DEBUG))
+    target.setLevel(logging.DEBUG)
+    return found
 
 
 if __name__ == "__main__":
