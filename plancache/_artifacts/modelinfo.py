@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import secrets
 import stat
 import time
@@ -41,6 +42,14 @@ FORMAT = 1
 NAME_PREFIX = "model_info_"
 MAX_BYTES = 256 * 1024
 """Largest envelope read (vLLM's files are well under 1 KiB)."""
+
+
+_NAME = re.compile(rf"{NAME_PREFIX}[0-9a-f]{{64}}\.json")
+
+
+def is_object_name(name: str) -> bool:
+    """True if ``name`` is a model-info object's name."""
+    return bool(_NAME.fullmatch(name))
 
 
 def object_name(vllm_version: str, module: str, cls: str, module_hash: str) -> str:

@@ -1,7 +1,9 @@
-"""What the ``plancache`` subcommands do with compile artifacts (``plancache._artifacts``),
-beside the plans of the same store: each ``cmd_*`` of ``commands`` calls the function of the
-same name here with the store's artifacts. An artifact is named ``KEY/rank_R_D`` (``KEY``: a
-unique prefix of vLLM's key) or by its object name."""
+"""What the ``plancache`` subcommands do with the kinds loaded as code or trusted as fact
+(compile artifacts and model info, ``plancache._artifacts``), beside the plans of the same
+store: each ``cmd_*`` of ``plans`` calls the function of the same name here, which goes over
+every such kind (``plancache._inventory.artifacts.KINDS``). An artifact is named
+``KEY/rank_R_D`` (``KEY``: a unique prefix of vLLM's key) or by its object name, a model
+info by its object name."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import remove_partial_installs
 from plancache._artifacts.manifest import parse_object_name
 from plancache._command.display import age, echo, plural, print_table, size, when
@@ -27,8 +30,13 @@ _REF = re.compile(r"[0-9a-fA-F]{1,64}/rank_[0-9]{1,6}_[0-9]{1,6}")
 
 
 def is_ref(text: str) -> bool:
-    """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name), not a plan."""
-    return bool(_REF.fullmatch(text.strip())) or parse_object_name(text) is not None
+    """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name) or a model
+    info (its object name), not a plan."""
+    return (
+        bool(_REF.fullmatch(text.strip()))
+        or parse_object_name(text) is not None
+        or modelinfo.is_object_name(text.strip())
+    )
 
 
 def _ref(e: ArtifactRecord) -> str:
@@ -45,22 +53,42 @@ def _signed(e: ArtifactRecord, keyring: Keyring) -> str:
     return text
 
 
-def entry_dict(e: ArtifactRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": KIND, "name": e.name}
+def _record_dict(kind: str, e: ArtifactRecord, fields: dict[str, Any]) -> dict[str, Any]:
+    """A record as JSON: its kind and name, then ``fields``, its time and signature (or why
+    it could not be read)."""
+    out: dict[str, Any] = {"kind": kind, "name": e.name}
     if e.manifest is None:
         return {**out, "error": e.error}
+    sig = e.manifest.signature
+    signature = None if sig is None else sig.to_dict()
+    return {**out, **fields, "created_at": e.manifest.created_at, "signature": signature}
+
+
+def entry_dict(e: ArtifactRecord) -> dict[str, Any]:
     m = e.manifest
-    return {
-        **out,
-        "key": m.key,
-        "rank": m.rank,
-        "bytes": m.total_size,
-        "files": len(m.files),
-        "labels": dict(m.labels),
-        "producer": dict(m.producer),
-        "created_at": m.created_at,
-        "signature": None if m.signature is None else m.signature.to_dict(),
-    }
+    fields = (
+        {}
+        if m is None
+        else {
+            "key": m.key,
+            "rank": m.rank,
+            "bytes": m.total_size,
+            "files": len(m.files),
+            "labels": dict(m.labels),
+            "producer": dict(m.producer),
+        }
+    )
+    return _record_dict(KIND, e, fields)
+
+
+def info_dict(e: ArtifactRecord) -> dict[str, Any]:
+    i = e.manifest
+    fields = (
+        {}
+        if i is None
+        else {"module": i.module, "class": i.cls, "vllm": i.vllm, "source_hash": i.module_hash}
+    )
+    return _record_dict("model-info", e, fields)
 
 
 def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRecord]:
@@ -96,7 +124,34 @@ def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRec
     return entries
 
 
+def ls_model_info(layer: ObjectLayer, keyring: Keyring) -> list[ArtifactRecord]:
+    """Print one row per model info (unreadable ones after, with the reason); the entries."""
+    entries = list(inventory.scan(layer, kind=inventory.MODEL_INFO))
+    now = time.time()
+    rows = [
+        [
+            "model-info",
+            f"{e.manifest.module}.{e.manifest.cls}",
+            e.manifest.vllm,
+            age(now - e.manifest.created_at),
+            _signed(e, keyring),
+        ]
+        for e in entries
+        if e.manifest is not None
+    ]
+    if rows:
+        echo()
+        print_table(["KIND", "MODEL CLASS", "VLLM", "AGE", "SIGNED"], rows, right={3})
+    for e in entries:
+        if e.manifest is None:
+            where = "unreadable here" if e.unreadable else "unreadable"
+            echo(f"  {where} model info {e.name}: {e.error}")
+    return entries
+
+
 def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
+    if modelinfo.is_object_name(ref.strip()):
+        return _show_model_info(layer, ref.strip(), keyring)
     [name] = inventory.resolve(layer, [ref])
     e = inventory.read_entry(layer, name, max_bytes)
     if e is None or e.manifest is None:
@@ -123,16 +178,50 @@ def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
     return 0
 
 
+def _show_model_info(layer: ObjectLayer, name: str, keyring: Keyring) -> int:
+    e = inventory.read_entry(layer, name, kind=inventory.MODEL_INFO)
+    if e is None or e.manifest is None:
+        echo(f"model info {name}: {'gone' if e is None else e.error}")
+        return 1
+    info = e.manifest
+    echo("kind         model info (vLLM's modelinfos/ file)")
+    echo(f"class        {info.module}.{info.cls}")
+    echo(f"vllm         {info.vllm}")
+    echo(f"source hash  {info.module_hash}")
+    echo(f"object       {name} in {layer.url}")
+    echo(f"created      {when(info.created_at, time.time())}")
+    echo(f"signed       {_signed(e, keyring)}")
+    for key, value in sorted(info.file.get("modelinfo", {}).items()):
+        echo(f"modelinfo    {key}={value}")
+    return 0
+
+
 def verify(
     layer: ObjectLayer, keyring: Keyring, max_bytes: int, *, fix: bool, require_signature: bool
-) -> tuple[int, int, int]:
-    """Read every byte of every artifact; print each finding. With ``fix``, delete what is
-    provably corrupt (or, with ``require_signature``, unsigned), only as the version judged;
-    what is unreadable here is kept. (checked, findings, findings a refusing store kept)."""
-    names = inventory.names(layer)
+) -> tuple[int, int]:
+    """Read every byte of every object of every code kind; print each finding, and a summary
+    per kind. With ``fix``, delete what is provably corrupt (or, with ``require_signature``,
+    unsigned), only as the version judged; what is unreadable here is kept. (findings,
+    findings a refusing store kept)."""
+    bad = refused = 0
+    for kind in inventory.KINDS:
+        found, kept = _verify(layer, kind, keyring, max_bytes, fix, require_signature)
+        bad, refused = bad + found, refused + kept
+    return bad, refused
+
+
+def _verify(
+    layer: ObjectLayer,
+    kind: inventory.CodeKind,
+    keyring: Keyring,
+    max_bytes: int,
+    fix: bool,
+    require_signature: bool,
+) -> tuple[int, int]:
+    names = inventory.names(layer, kind)
     bad = refused = 0
     for name in names:
-        problem = inventory.verify(layer, name, keyring, max_bytes)
+        problem = inventory.verify(layer, name, keyring, max_bytes, kind)
         if problem is None:
             continue
         bad += 1
@@ -149,11 +238,16 @@ def verify(
         elif fix:
             note = "  (kept)"
         echo(f"{name}  {problem.text}{note}")
-    return len(names), bad, refused
+    if names:
+        every = ", every byte" if kind is inventory.ARTIFACTS else ""
+        echo(f"{plural(len(names), kind.label)} checked{every}: {bad} failed")
+    return bad, refused
 
 
 def rm(layer: ObjectLayer, refs: list[str]) -> None:
-    for name in inventory.resolve(layer, refs):
+    infos = [r.strip() for r in refs if modelinfo.is_object_name(r.strip())]
+    others = [r for r in refs if not modelinfo.is_object_name(r.strip())]
+    for name in [*inventory.resolve(layer, others), *dict.fromkeys(infos)]:
         echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
 
 
@@ -174,32 +268,35 @@ def prune(
         stale = sum(remove_partial_installs(k, older_than, dry_run=dry_run) for k in keys)
         if stale:
             echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {installs}")
-    result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes)
-    for name in result.deleted:
-        echo(f"{verb} {name}")
-    for name, why in result.kept:
-        echo(f"{name}  {why}")
-    if result.deleted:
-        echo(
-            f"{verb} {plural(len(result.deleted), 'compile artifact')} older than {age(older_than)}"
-        )
+    for kind in inventory.KINDS:
+        result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes, kind=kind)
+        for name in result.deleted:
+            echo(f"{verb} {name}")
+        for name, why in result.kept:
+            echo(f"{name}  {why}")
+        if result.deleted:
+            echo(f"{verb} {plural(len(result.deleted), kind.label)} older than {age(older_than)}")
 
 
 def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: bool) -> None:
-    """Copy every artifact, create-if-absent (as stored), signed ones only unless
-    ``trust_unsigned``; says what it skipped; silent if there are none."""
-    created = kept = 0
-    skipped: list[tuple[str, str]] = []
-    for name in inventory.names(src):
-        done = inventory.copy(src, dst, name, keyring=keyring, trust_unsigned=trust_unsigned)
-        if isinstance(done, str):
-            skipped.append((name, done))
-        created += done is True
-        kept += done is False
-    for name, why in skipped:
-        echo(f"skipped compile artifact {name}: {why}")
-    if created or kept or skipped:
-        echo(f"copied compile artifacts: {created} created, {kept} kept, {len(skipped)} skipped")
+    """Copy every object of every code kind, create-if-absent (as stored), signed ones only
+    unless ``trust_unsigned``; says what it skipped; silent if there are none."""
+    for kind in inventory.KINDS:
+        created = kept = 0
+        skipped: list[tuple[str, str]] = []
+        for name in inventory.names(src, kind):
+            done = inventory.copy(
+                src, dst, name, keyring=keyring, trust_unsigned=trust_unsigned, kind=kind
+            )
+            if isinstance(done, str):
+                skipped.append((name, done))
+            created += done is True
+            kept += done is False
+        for name, why in skipped:
+            echo(f"skipped {kind.label} {name}: {why}")
+        if created or kept or skipped:
+            counts = f"{created} created, {kept} kept, {len(skipped)} skipped"
+            echo(f"copied {kind.label}s: {counts}")
 
 
 def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
@@ -210,4 +307,5 @@ def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
         "artifact_bytes": sum(e.manifest.total_size for e in entries if e.manifest is not None),
         "artifacts_oldest": min(stamps, default=None),
         "artifacts_newest": max(stamps, default=None),
+        "model_infos": len(inventory.names(layer, inventory.MODEL_INFO)),
     }

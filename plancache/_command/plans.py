@@ -169,6 +169,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 artifact_commands.entry_dict(a)
                 for a in inventory_artifacts.scan(store, _max_bytes())
             ]
+            + [
+                artifact_commands.info_dict(m)
+                for m in inventory_artifacts.scan(store, kind=inventory_artifacts.MODEL_INFO)
+            ]
         )
         return 0
     keyring = store.keyring
@@ -197,10 +201,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
     artifacts = artifact_commands.ls(store, keyring, _max_bytes())
+    infos = artifact_commands.ls_model_info(store, keyring)
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
     if artifacts:
         summary += f", {plural(len(artifacts), 'compile artifact')}"
+    if infos:
+        summary += f", {plural(len(infos), 'model info')}"
     if rejected:
         summary += f", {rejected} not validly signed (never applied with these keys)"
     echo(f"{summary}, in {store.url}")
@@ -283,11 +290,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.require_signature:
         summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
-    checked, broken, broken_kept = artifact_commands.verify(
+    broken, broken_kept = artifact_commands.verify(
         store, keys, _max_bytes(), fix=args.fix, require_signature=args.require_signature
     )
-    if checked:
-        echo(f"{plural(checked, 'compile artifact')} checked, every byte: {broken} failed")
     refused = sum(f.fix is inventory.Fix.REFUSED for f in result.findings) + broken_kept
     return 1 if (bad or broken) and (not args.fix or refused) else 0
 

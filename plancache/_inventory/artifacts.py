@@ -21,21 +21,93 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-from plancache._artifacts.archive import install, read_manifest
-from plancache._artifacts.manifest import (
-    DEFAULT_MAX_BYTES,
-    NAME_PREFIX,
-    Manifest,
-    parse_object_name,
-)
+from plancache._artifacts import modelinfo
+from plancache._artifacts.archive import Readable, install, read_manifest
+from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, NAME_PREFIX, parse_object_name
 from plancache._inventory import UNREADABLE_HERE, prunable
 from plancache._objects import ObjectLayer
+from plancache._plan import Signature
 from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
 from plancache.errors import ArtifactError, UnreadableHereError
+
+
+class Head(Protocol):
+    """What a code kind's object says of itself at its head (a manifest, an envelope)."""
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def signature(self) -> Signature | None: ...
+
+    def verdict(self, keyring: Keyring, /) -> SignatureVerdict: ...
+
+
+@dataclass(frozen=True)
+class CodeKind:
+    """A kind loaded as code or trusted as fact, as the inventory sees it: its objects'
+    name prefix, how to read an object's head and whether it belongs to its name, and how to
+    check every byte of it (raising ``ArtifactError``; ``UnreadableHereError`` for what
+    this process cannot read)."""
+
+    label: str
+    prefix: str
+    named: Callable[[str], bool]
+    head: Callable[[Readable, int], Head]
+    owns: Callable[[Head, str], bool]
+    check: Callable[[Readable, str, Callable[[Any], str | None], int], None]
+
+
+def _check_artifact(
+    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+) -> None:
+    parsed = parse_object_name(name)
+    assert parsed is not None
+    with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
+        install(stream, Path(temp) / parsed[0], *parsed, accept=accept, max_bytes=max_bytes)
+
+
+def _read_info(stream: Readable, max_bytes: int) -> modelinfo.ModelInfo:
+    data = b""
+    while len(data) <= modelinfo.MAX_BYTES and (chunk := stream.read(1 << 16)):
+        data += chunk
+    return modelinfo.ModelInfo.decode(data)
+
+
+def _check_info(
+    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+) -> None:
+    info = _read_info(stream, max_bytes)
+    if info.name != name:
+        raise ArtifactError("its envelope names another module, class or source")
+    why = accept(info)
+    if why is not None:
+        raise ArtifactError(f"model info refused: {why}")
+
+
+ARTIFACTS = CodeKind(
+    "compile artifact",
+    NAME_PREFIX,
+    lambda name: parse_object_name(name) is not None,
+    lambda stream, max_bytes: read_manifest(stream, max_bytes=max_bytes),
+    lambda head, name: (head.key, head.rank) == parse_object_name(name),  # type: ignore[attr-defined]
+    _check_artifact,
+)
+MODEL_INFO = CodeKind(
+    "model info",
+    modelinfo.NAME_PREFIX,
+    modelinfo.is_object_name,
+    _read_info,
+    lambda head, name: head.name == name,  # type: ignore[attr-defined]
+    _check_info,
+)
+KINDS = (ARTIFACTS, MODEL_INFO)
+"""Every code kind the inventory knows, in the order the command shows them."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +116,8 @@ class ArtifactRecord:
     ``unreadable``: by this process only, so kept), and the version judged."""
 
     name: str
-    manifest: Manifest | None = None
+    manifest: Any = None
+    """The object's head: a compile artifact's ``Manifest``, a ``ModelInfo``, ..."""
     error: str | None = None
     unreadable: bool = False
     version: object = None
@@ -54,31 +127,29 @@ class ArtifactRecord:
         return "-" if self.manifest is None else str(self.manifest.labels.get("model", "-"))
 
 
-def names(layer: ObjectLayer) -> list[str]:
-    """The artifacts' object names in ``layer``, in order (listing bounds: the store's)."""
-    return sorted(n for n in layer.list_objects(NAME_PREFIX) if parse_object_name(n) is not None)
+def names(layer: ObjectLayer, kind: CodeKind = ARTIFACTS) -> list[str]:
+    """The object names of ``kind`` in ``layer``, in order (listing bounds: the store's)."""
+    return sorted(n for n in layer.list_objects(kind.prefix) if kind.named(n))
 
 
 def read_entry(
-    layer: ObjectLayer, name: str, max_bytes: int = DEFAULT_MAX_BYTES
+    layer: ObjectLayer, name: str, max_bytes: int = DEFAULT_MAX_BYTES, kind: CodeKind = ARTIFACTS
 ) -> ArtifactRecord | None:
-    """The entry of ``name`` (its manifest, read from the object's head); None if it is gone."""
+    """The entry of ``name`` (its head, read from the object); None if it is gone."""
     opened = layer.open_object(name)
     if opened is None:
         return None
     try:
-        manifest = read_manifest(opened, max_bytes=max_bytes)
+        head = kind.head(opened, max_bytes)
     except UnreadableHereError as exc:
         return ArtifactRecord(name, error=str(exc), unreadable=True, version=opened.version)
     except ArtifactError as exc:
         return ArtifactRecord(name, error=str(exc), version=opened.version)
     finally:
         opened.close()
-    if (manifest.key, manifest.rank) != parse_object_name(name):
-        return ArtifactRecord(
-            name, error="its manifest names another key or rank", version=opened.version
-        )
-    return ArtifactRecord(name, manifest, version=opened.version)
+    if not kind.owns(head, name):
+        return ArtifactRecord(name, error="its head names another object", version=opened.version)
+    return ArtifactRecord(name, head, version=opened.version)
 
 
 def resolve(layer: ObjectLayer, refs: Sequence[str]) -> list[str]:
@@ -101,10 +172,12 @@ def resolve(layer: ObjectLayer, refs: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def scan(layer: ObjectLayer, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[ArtifactRecord]:
-    """Every artifact of ``layer``, in name order."""
-    for name in names(layer):
-        entry = read_entry(layer, name, max_bytes)
+def scan(
+    layer: ObjectLayer, max_bytes: int = DEFAULT_MAX_BYTES, kind: CodeKind = ARTIFACTS
+) -> Iterator[ArtifactRecord]:
+    """Every object of ``kind`` in ``layer``, in name order."""
+    for name in names(layer, kind):
+        entry = read_entry(layer, name, max_bytes, kind)
         if entry is not None:
             yield entry
 
@@ -125,26 +198,25 @@ def verify(
     name: str,
     keyring: Keyring = NO_KEYS,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    kind: CodeKind = ARTIFACTS,
 ) -> Problem | None:
-    """None if every byte of ``name`` matches its manifest, the archive follows every
-    extraction rule and (with keys) an accepted key validly signed it; else the problem; a
-    vanished object is no problem."""
-    parsed = parse_object_name(name)
-    if parsed is None:
-        return Problem("not an artifact's name", corrupt=False)
+    """None if every byte of ``name`` is what its head says (for an artifact: every file's
+    digest and every extraction rule) and (with keys) an accepted key validly signed it;
+    else the problem; a vanished object is no problem."""
+    if not kind.named(name):
+        return Problem(f"not a {kind.label}'s name", corrupt=False)
     opened = layer.open_object(name)
     if opened is None:
         return None
 
-    def signed(manifest: Manifest) -> str | None:
+    def signed(head: Head) -> str | None:
         if not keyring.requires_signature:
             return None
-        verdict = manifest.verdict(keyring)
+        verdict = head.verdict(keyring)
         return None if verdict is SignatureVerdict.VALID else f"invalid:signature ({verdict})"
 
     try:
-        with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
-            install(opened, Path(temp) / parsed[0], *parsed, accept=signed, max_bytes=max_bytes)
+        kind.check(opened, name, signed, max_bytes)
     except UnreadableHereError as exc:
         return Problem(f"{UNREADABLE_HERE} ({exc})", corrupt=False, version=opened.version)
     except ArtifactError as exc:
@@ -166,6 +238,7 @@ def copy(
     *,
     keyring: Keyring = NO_KEYS,
     trust_unsigned: bool = False,
+    kind: CodeKind = ARTIFACTS,
 ) -> bool | str | None:
     """Stream ``name`` from ``source`` to ``target``, create-if-absent, as stored (nothing
     is re-signed). Artifacts are code, and a node installs unsigned ones from a local store
@@ -179,12 +252,12 @@ def copy(
     try:
         if not trust_unsigned:
             try:
-                manifest = read_manifest(opened)
+                head = kind.head(opened, DEFAULT_MAX_BYTES)
             except ArtifactError as exc:
                 return f"unreadable here ({exc})"
-            verdict = manifest.verdict(keyring) if keyring.requires_signature else None
+            verdict = head.verdict(keyring) if keyring.requires_signature else None
             if verdict is not SignatureVerdict.VALID:
-                why = "unsigned" if manifest.signature is None else f"signature {verdict}"
+                why = "unsigned" if head.signature is None else f"signature {verdict}"
                 return f"{why} (copying unsigned code needs --trust-unsigned, or keys)"
             opened.close()
             opened = source.open_object(name)
@@ -218,13 +291,15 @@ def prune(
     dry_run: bool = False,
     now: float | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    kind: CodeKind = ARTIFACTS,
 ) -> ArtifactPruning:
-    """Delete the artifacts created more than ``older_than`` seconds ago (by age only), each
-    only as the version judged; artifacts this process cannot read are kept and reported."""
+    """Delete the objects of ``kind`` created more than ``older_than`` seconds ago (by age
+    only), each only as the version judged; those this process cannot read are kept and
+    reported."""
     now = time.time() if now is None else now
     gone: list[str] = []
     kept: list[tuple[str, str]] = []
-    for entry in scan(layer, max_bytes):
+    for entry in scan(layer, max_bytes, kind):
         if entry.manifest is None:
             why = UNREADABLE_HERE if entry.unreadable else "unreadable: kept"
             kept.append((entry.name, f"{why} ({entry.error})"))
