@@ -45,6 +45,30 @@ _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,127}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
+def decode_versioned(
+    data: bytes, what: str, limit: int, version: int, *, error: type[Exception]
+) -> dict[str, Any]:
+    """The JSON object ``data`` of format ``version``, ``what`` in messages: ``error`` for
+    anything else (over ``limit`` bytes, not JSON, not an object, another format), but
+    ``UnreadableHereError`` for a newer format (another plancache's: kept, not corrupt)."""
+    if len(data) > limit:
+        raise error(f"{what} over {limit} bytes")
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise error(f"{what} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise error(f"{what} is not a JSON object")
+    form = obj.get("format")
+    if isinstance(form, int) and not isinstance(form, bool) and form > version:
+        raise UnreadableHereError(
+            f"{what} of format {form}, newer than this plancache reads ({version})"
+        )
+    if form != version:
+        raise error(f"not {what} of format {version}")
+    return obj
+
+
 def check_key(key: object) -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise InvalidPlanError("an artifact key is 64 lowercase hex digits")
@@ -170,21 +194,9 @@ class Manifest:
     @classmethod
     def decode(cls, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
         """Parse and check a manifest (see the module docstring); ``InvalidPlanError``."""
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise InvalidPlanError("artifact manifest over its size limit")
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidPlanError(f"artifact manifest is not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise InvalidPlanError("not an artifact manifest")
-        form = obj.get("format")
-        if isinstance(form, int) and not isinstance(form, bool) and form > FORMAT:
-            raise UnreadableHereError(
-                f"artifact manifest of format {form}, newer than this plancache reads ({FORMAT})"
-            )
-        if form != FORMAT:
-            raise InvalidPlanError(f"not an artifact manifest of format {FORMAT}")
+        obj = decode_versioned(
+            data, "artifact manifest", MAX_MANIFEST_BYTES, FORMAT, error=InvalidPlanError
+        )
         rank = check_rank(obj.get("rank"))
         files = obj.get("files")
         if not isinstance(files, list) or len(files) > MAX_FILES:

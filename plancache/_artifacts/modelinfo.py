@@ -34,9 +34,10 @@ from typing import Any
 
 import orjson
 
+from plancache._artifacts.manifest import decode_versioned
 from plancache._plan import Signature
 from plancache._signing import Keyring, SignatureVerdict
-from plancache.errors import ArtifactError, UnreadableHereError
+from plancache.errors import ArtifactError
 
 FORMAT = 1
 NAME_PREFIX = "model_info_"
@@ -112,20 +113,10 @@ class ModelInfo:
     def decode(cls, data: bytes) -> ModelInfo:
         """Parse and check an envelope; ``ArtifactError`` (``UnreadableHereError`` for a
         newer format)."""
-        if len(data) > MAX_BYTES:
-            raise ArtifactError(f"model info over {MAX_BYTES} bytes")
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise ArtifactError(f"model info is not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ArtifactError("model info is not a JSON object")
-        form = obj.get("format")
-        if isinstance(form, int) and not isinstance(form, bool) and form > FORMAT:
-            raise UnreadableHereError(f"model info of format {form}, newer than {FORMAT}")
+        obj = decode_versioned(data, "model info", MAX_BYTES, FORMAT, error=ArtifactError)
         file, created = obj.get("file"), obj.get("created_at")
         texts = [obj.get(k) for k in ("vllm", "module", "class")]
-        if form != FORMAT or not all(isinstance(t, str) and t for t in texts):
+        if not all(isinstance(t, str) and t for t in texts):
             raise ArtifactError(f"not a model info of format {FORMAT}")
         if not (
             isinstance(file, dict)

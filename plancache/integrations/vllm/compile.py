@@ -35,7 +35,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -98,13 +97,9 @@ def settings() -> CompileSettings:
 def hook() -> None:
     """Wrap vLLM's AOT loader now, or when its module is imported (processes that never
     import it, such as the API server, pay nothing more)."""
-    from plancache.integrations.vllm.patch import patch_on_import
+    from plancache.integrations.vllm.patch import patch_when_imported
 
-    module = sys.modules.get(TARGET_MODULE)
-    if module is not None:
-        patch_decorators(module)
-    else:
-        patch_on_import(TARGET_MODULE, patch_decorators)
+    patch_when_imported(TARGET_MODULE, patch_decorators)
 
 
 def _start_opening() -> None:

@@ -8,8 +8,8 @@ imported:
   (it would inspect the class in a fresh Python subprocess: 11-13 s of a boot here), the
   file of (vLLM's version, module, class, ``module_hash``) is fetched, verified, trusted as
   compile artifacts are, and installed atomically, never over a file the node has; then
-  vLLM reads it as its own. The fetch waits at most ``PLANCACHE_TIMEOUT`` (the plans'
-  budget), then vLLM inspects as usual;
+  vLLM reads it as its own. The store's opening and the fetch together wait at most
+  ``PLANCACHE_TIMEOUT`` (the plans' budget), then vLLM inspects as usual;
 - ``_save_modelinfo_to_cache(mi, module_hash)``: once vLLM wrote a file, it is uploaded in
   the background, create-if-absent (``compile.uploads``: bounded at exit).
 
@@ -22,13 +22,16 @@ plancache. Nothing here raises into vLLM.
 from __future__ import annotations
 
 import logging
-import sys
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts import modelinfo
+from plancache._artifacts.share import Fetched
+from plancache._defaults import DEFAULT_BUDGET_S
+from plancache._parse import parse_timeout
 from plancache.integrations.vllm import compile
 
 log = logging.getLogger("plancache.vllm")
@@ -42,13 +45,9 @@ MARK = "__plancache_wrapped__"
 
 def hook() -> None:
     """Wrap the registry's model-info cache now, or when its module is imported."""
-    from plancache.integrations.vllm.patch import patch_on_import
+    from plancache.integrations.vllm.patch import patch_when_imported
 
-    module = sys.modules.get(TARGET_MODULE)
-    if module is not None:
-        patch_registry(module)
-    else:
-        patch_on_import(TARGET_MODULE, patch_registry)
+    patch_when_imported(TARGET_MODULE, patch_registry)
 
 
 def patch_registry(module: ModuleType) -> bool:
@@ -98,18 +97,24 @@ def _fetch(model: Any, module_hash: str) -> bool:
     """True if a shared file was installed for ``model`` (within the plans' budget)."""
     try:
         path, version, module, cls = _where(model)
-        artifacts = compile.opened()
-        if artifacts is None:
-            return False
         name = modelinfo.object_name(version, module, cls, module_hash)
-        job = background.start(
-            lambda: artifacts.fetch_model_info(name, module_hash, path), "plancache-modelinfo"
+
+        def fetch() -> Fetched | None:  # the store's opening counts to the budget too
+            artifacts = compile.opened()
+            return (
+                None if artifacts is None else artifacts.fetch_model_info(name, module_hash, path)
+            )
+
+        budget = parse_timeout(
+            "PLANCACHE_TIMEOUT", os.environ.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
         )
-        budget = artifacts.settings.timeout
+        job = background.start(fetch, "plancache-modelinfo")
         if not job.join(budget):
             log.info("plancache: model info %s.%s: timeout (%.1f s)", module, cls, budget)
             return False
         fetched = job.wait(0)
+        if fetched is None:
+            return False
     except Exception as exc:  # never into vLLM: it inspects the class as usual
         log.warning("plancache: model info not fetched: %s: %s", type(exc).__name__, exc)
         return False
@@ -125,10 +130,16 @@ def _fetch(model: Any, module_hash: str) -> bool:
 
 
 def _upload(model: Any, module_hash: str) -> None:
+    """Upload the file vLLM just wrote for ``model`` in the background (the store's opening
+    too: nothing of it on vLLM's path)."""
     path, version, module, cls = _where(model)
     file = modelinfo.read_file(path)
-    artifacts = compile.opened()
-    if file is None or file.get("hash") != module_hash or artifacts is None:
+    if file is None or file.get("hash") != module_hash:
         return
-    info = modelinfo.made(version, module, cls, file, artifacts.keyring)
-    compile.uploads.start(artifacts.upload_model_info, info)
+
+    def upload() -> None:
+        shared = compile.opened()
+        if shared is not None:
+            shared.upload_model_info(modelinfo.made(version, module, cls, file, shared.keyring))
+
+    compile.uploads.start(upload)

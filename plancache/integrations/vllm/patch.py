@@ -164,6 +164,16 @@ def patch_on_import(target: str, on_load: Callable[[ModuleType], object] | None 
         sys.meta_path.insert(0, PatchOnImport(target, on_load))
 
 
+def patch_when_imported(target: str, on_load: Callable[[ModuleType], object]) -> None:
+    """``on_load(module)`` now if ``target`` is imported already, else when it is first
+    imported (processes that never import it pay nothing more)."""
+    module = sys.modules.get(target)
+    if module is not None:
+        on_load(module)
+    else:
+        patch_on_import(target, on_load)
+
+
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, finder: PatchOnImport) -> None:
         self.inner = inner
