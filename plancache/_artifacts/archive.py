@@ -1,4 +1,5 @@
-"""Pack a rank's AOT directory into a stream; verify a stream and install it (local I/O).
+"""Pack a rank's AOT directory, or the new files of a generated cache, into a stream; verify
+a stream and install it (local I/O).
 
 The stream is a ustar archive: the manifest first (``.plancache/manifest.json``), then one
 regular file per manifest entry, in the manifest's order; zstd-compressed when ``zstandard``
@@ -14,6 +15,13 @@ file by a hard link (create-if-absent: a file already there is kept), then the r
 directory by one ``rename`` (vLLM looks for ``<rank>/model``, which therefore appears only
 with all its kernels in place). Any failure removes the temp directory: a tampered, truncated
 or foreign stream leaves the target as it was.
+
+A cache bundle (``pack_cache``, ``install_cache``) holds files of a generated cache whose
+paths carry their own keys (Triton's ``<key>/...``): it is verified the same way, and its
+files are moved in one by one, each create-if-absent (a file the node has is kept). Triton's
+group files (``__grp__<name>.json``: a kernel is visible to Triton only through one, and it
+lists its files by absolute path, the producer's) go last, re-rooted: each child path names
+the file of the same name beside the group file, where this node keeps it (``regroup``).
 """
 
 from __future__ import annotations
@@ -33,7 +41,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Protocol, cast
 
+import orjson
+
 from plancache._artifacts.manifest import (
+    COMPILE,
     DEFAULT_MAX_BYTES,
     INDUCTOR_DIR,
     MANIFEST_NAME,
@@ -52,6 +63,9 @@ log = logging.getLogger("plancache")
 CHUNK = 1 << 20
 BLOCK = 512
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+GROUP_PREFIX = "__grp__"
+"""Triton's group files (``FileCacheManager.put_group``), in Triton's and Inductor's caches."""
+MAX_GROUP_BYTES = 1 << 20
 INSTALLED_MANIFEST = ".plancache-manifest.json"
 """A copy of the manifest kept in an installed rank directory (names what was installed)."""
 TEMP_PREFIX = ".plancache-tmp-"
@@ -102,6 +116,49 @@ def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES)
                 entries.append(FileEntry(rel, st.st_size, _digest(path), mode))
     if f"{rank}/model" not in {e.path for e in entries}:
         raise ArtifactError(f"{root / rank} holds no model")
+    return entries
+
+
+SKIPPED_DIRS = ("locks", "lock")
+"""Directory names never shared from a cache (lock files of its writers)."""
+
+
+def scan_cache(
+    root: Path,
+    known: frozenset[str] = frozenset(),
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[FileEntry]:
+    """The regular files below ``root`` (a generated cache) whose paths are not in
+    ``known``, with their digests, in path order, at most ``MAX_FILES`` and ``max_bytes`` in
+    all (past a cap, the rest is left for a later bundle). Left out: names starting with a
+    dot or ``tmp.`` (temp files and directories of the cache's writers, plancache's own),
+    ``*.tmp``, ``*.lock``, lock directories, and names no bundle may hold."""
+    entries: list[FileEntry] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith((".", "tmp.")) and d not in SKIPPED_DIRS
+        )
+        for name in sorted(filenames):
+            if name.startswith((".", "tmp.")) or name.endswith((".tmp", ".lock")):
+                continue
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if rel in known:
+                continue
+            try:
+                check_path(rel, "")
+                st = path.lstat()
+            except (InvalidPlanError, OSError):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if total + st.st_size > max_bytes or len(entries) >= MAX_FILES:
+                return entries
+            total += st.st_size
+            mode = 0o755 if st.st_mode & 0o111 else 0o644
+            entries.append(FileEntry(rel, st.st_size, _digest(path), mode))
     return entries
 
 
@@ -175,6 +232,28 @@ def pack(
     manifest = Manifest(key, rank, files, producer=producer or {}, labels=labels or {})
     if created_at is not None:
         manifest = replace(manifest, created_at=created_at)
+    return _signed_stream(root, manifest, keyring, compress)
+
+
+def pack_cache(
+    root: Path,
+    kind: str,
+    scope: str,
+    files: list[FileEntry],
+    *,
+    keyring: Keyring = NO_KEYS,
+    producer: dict[str, object] | None = None,
+    compress: bool = True,
+) -> tuple[Manifest, Iterator[bytes]]:
+    """The bundle of ``files`` (from ``scan_cache(root)``) of cache ``kind`` valid in
+    ``scope``, signed when ``keyring`` can sign, and its stream (as ``pack``'s)."""
+    manifest = Manifest(scope, "", tuple(files), producer=producer or {}, kind=kind)
+    return _signed_stream(root, manifest, keyring, compress)
+
+
+def _signed_stream(
+    root: Path, manifest: Manifest, keyring: Keyring, compress: bool
+) -> tuple[Manifest, Iterator[bytes]]:
     manifest = manifest.signed_with(keyring)
     chunks = tar_chunks(root, manifest)
     if compress and zstd_available():
@@ -285,9 +364,81 @@ def install(
     the reason to refuse it (trust). Returns the manifest installed, or None when the rank
     directory was already there (another process installed or compiled it: kept). Raises
     ``ArtifactError`` (nothing installed) for anything else."""
+    with _verified(source, target, (COMPILE, key, rank), accept, max_bytes) as (manifest, temp):
+        (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
+        return manifest if _move_in(temp, target, manifest) else None
+
+
+def install_cache(
+    source: Readable,
+    root: Path,
+    kind: str,
+    scope: str,
+    *,
+    accept: Callable[[Manifest], str | None],
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[Manifest, int]:
+    """Verify the cache bundle ``source`` (of ``kind`` in ``scope``) and install its files
+    below ``root``, each create-if-absent, group files last and re-rooted (see the module
+    docstring). Returns the manifest and how many files this call installed; raises
+    ``ArtifactError`` (nothing installed) as ``install`` does."""
+    with _verified(source, root, (kind, scope, ""), accept, max_bytes) as (manifest, temp):
+        installed = 0
+        for entry in sorted(manifest.files, key=lambda e: is_group_file(e.path)):
+            dest = root / entry.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if is_group_file(entry.path) and not regroup(temp / entry.path, dest.parent):
+                continue  # not a group Triton wrote: its kernel stays invisible (compiled)
+            with contextlib.suppress(FileExistsError):
+                os.link(temp / entry.path, dest)
+                installed += 1
+        return manifest, installed
+
+
+def is_group_file(path: str) -> bool:
+    """True for a Triton group file's path."""
+    return path.rsplit("/", 1)[-1].startswith(GROUP_PREFIX)
+
+
+def regroup(group: Path, where: Path) -> bool:
+    """Rewrite the group file ``group`` (in place) so that each child path names the file of
+    the same name in ``where``; False if it is not a group file as Triton writes it."""
+    try:
+        if group.stat().st_size > MAX_GROUP_BYTES:
+            return False
+        data = orjson.loads(group.read_bytes())
+        children = data["child_paths"]
+        if not isinstance(children, dict) or set(data) != {"child_paths"}:
+            return False
+        rooted = {}
+        for child, path in children.items():
+            name = os.path.basename(str(path))
+            if name != check_path(child, ""):
+                return False
+            rooted[child] = str(where / name)
+    except (OSError, ValueError, KeyError, TypeError, InvalidPlanError):
+        return False
+    mode = group.stat().st_mode & 0o777
+    group.unlink()
+    fd = os.open(group, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(orjson.dumps({"child_paths": rooted}))
+    return True
+
+
+@contextlib.contextmanager
+def _verified(
+    source: Readable,
+    target: Path,
+    expected: tuple[str, str, str],
+    accept: Callable[[Manifest], str | None],
+    max_bytes: int,
+) -> Iterator[tuple[Manifest, Path]]:
+    """The manifest of ``source`` (its (kind, key, rank) ``expected``; accepted) and a temp
+    directory below ``target`` holding every file it lists, verified; removed afterwards."""
     stream = _decompressing(source)
     manifest = _read_manifest(stream, max_bytes)
-    if (manifest.key, manifest.rank) != (key, rank):
+    if (manifest.kind, manifest.key, manifest.rank) != expected:
         raise ArtifactError(f"foreign artifact: it is {manifest.key[:12]}/{manifest.rank}")
     reason = accept(manifest)
     if reason is not None:
@@ -300,8 +451,7 @@ def install(
             _extract(stream, temp, entry)
         if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
             raise ArtifactError("artifact archive holds more than its manifest lists")
-        (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
-        return manifest if _move_in(temp, target, manifest) else None
+        yield manifest, temp
     finally:
         shutil.rmtree(temp, ignore_errors=True)
 

@@ -1,12 +1,21 @@
-"""The manifest of a compile artifact, its object name and its signature (pure).
+"""The manifest of a compile artifact or of a cache bundle, its object name and its
+signature (pure).
 
-A manifest names the artifact (vLLM's ``key``, the ``rank`` directory ``rank_<r>_<dp>``) and
-lists every file installed, each with its relative path, size, sha256 and mode (0o644 or
-0o755: no other bits are ever installed). Its canonical encoding without the signature
-(``payload``: orjson, sorted keys) is what a key signs, so a valid signature covers every
-byte installed. ``decode`` checks everything a reader relies on before any file is written:
-paths (relative, below ``inductor_cache/`` or the rank directory, no ``.``/``..``, a safe
-character set), the file-count and size caps, and the digests' form.
+A manifest lists every file installed, each with its relative path, size, sha256 and mode
+(0o644 or 0o755: no other bits are ever installed). Its canonical encoding without the
+signature (``payload``: orjson, sorted keys) is what a key signs, so a valid signature covers
+every byte installed. ``decode`` checks everything a reader relies on before any file is
+written: paths (relative, no ``.``/``..``, a safe character set), the file-count and size
+caps, and the digests' form. Two kinds of manifest:
+
+- a compile artifact (``kind`` ``compile``): vLLM's ``key``, the ``rank`` directory
+  ``rank_<r>_<dp>``; paths below ``inductor_cache/`` or the rank directory, ``<rank>/model``
+  among them; object ``compile_artifact_<key>_<rank>.tar``;
+- a cache bundle (``kind`` one of ``CACHE_KINDS``): files of a generated cache whose paths
+  are named by their own keys (Triton's cache, what vLLM's warm-up adds to a compile
+  artifact's ``inductor_cache/``, ...), valid where the factors hashed into ``key`` (the
+  scope) hold; ``rank`` is empty; object ``cache_<kind>_<scope>_<content>.tar``, where the
+  content id hashes the files alone, so nodes that add the same files name the same object.
 """
 
 from __future__ import annotations
@@ -38,11 +47,19 @@ INDUCTOR_DIR = "inductor_cache"
 MODES = (0o644, 0o755)
 NAME_PREFIX = "compile_artifact_"
 NAME_SUFFIX = ".tar"
+COMPILE = "compile"
+CACHE_KINDS = ("inductor", "triton", "deep_gemm", "flashinfer_autotune")
+"""The cache bundles' kinds (see ``plancache.integrations.vllm.caches``)."""
+CACHE_PREFIX = "cache_"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _RANK = re.compile(r"rank_[0-9]{1,6}_[0-9]{1,6}")
 _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,127}")
 _SHA = re.compile(r"[0-9a-f]{64}")
+_CONTENT = re.compile(r"[0-9a-f]{32}")
+_CACHE_NAME = re.compile(
+    rf"{CACHE_PREFIX}({'|'.join(CACHE_KINDS)})_([0-9a-f]{{64}})_([0-9a-f]{{32}}){NAME_SUFFIX}"
+)
 
 
 def decode_versioned(
@@ -97,12 +114,26 @@ def parse_object_name(name: str) -> tuple[str, str] | None:
     return None
 
 
+def cache_object_name(kind: str, scope: str, content: str) -> str:
+    """``cache_<kind>_<scope>_<content>.tar``; ``InvalidPlanError`` for a malformed part."""
+    if kind not in CACHE_KINDS or not _CONTENT.fullmatch(content):
+        raise InvalidPlanError(f"not a cache bundle: {kind!r:.30}, {content!r:.40}")
+    return f"{CACHE_PREFIX}{kind}_{check_key(scope)}_{content}{NAME_SUFFIX}"
+
+
+def parse_cache_name(name: str) -> tuple[str, str, str] | None:
+    """(kind, scope, content) of a cache bundle's object base name, or None."""
+    found = _CACHE_NAME.fullmatch(name)
+    return None if found is None else (found[1], found[2], found[3])
+
+
 def check_path(path: object, rank: str) -> str:
-    """``path`` if it is a safe relative path below ``inductor_cache/`` or ``rank/``."""
+    """``path`` if it is a safe relative path below ``inductor_cache/`` or ``rank/`` (a
+    compile artifact's), or anywhere below the cache's root (``rank`` empty: a bundle's)."""
     if not isinstance(path, str) or len(path) > MAX_PATH_CHARS:
         raise InvalidPlanError(f"artifact path {path!r:.60} is not a string of <= 250 chars")
     parts = path.split("/")
-    if len(parts) < 2 or parts[0] not in (INDUCTOR_DIR, rank):
+    if rank and (len(parts) < 2 or parts[0] not in (INDUCTOR_DIR, rank)):
         raise InvalidPlanError(f"artifact path {path!r:.60} is outside {INDUCTOR_DIR}/ and {rank}/")
     for part in parts:
         if not _COMPONENT.fullmatch(part) or part in (".", ".."):
@@ -147,17 +178,27 @@ class Manifest:
     producer: Mapping[str, Any] = field(default_factory=dict)
     labels: Mapping[str, Any] = field(default_factory=dict)
     signature: Signature | None = None
+    kind: str = COMPILE
+    """``compile`` (``key``: vLLM's, ``rank``) or a cache kind (``key``: the scope)."""
 
     @property
     def total_size(self) -> int:
         return sum(e.size for e in self.files)
 
     @property
+    def content(self) -> str:
+        """32 hex digits naming the files alone (paths, digests, modes)."""
+        listed = sorted((e.path, e.sha256, e.mode) for e in self.files)
+        return hashlib.sha256(orjson.dumps(listed)).hexdigest()[:32]
+
+    @property
     def name(self) -> str:
-        return object_name(self.key, self.rank)
+        if self.kind == COMPILE:
+            return object_name(self.key, self.rank)
+        return cache_object_name(self.kind, self.key, self.content)
 
     def _body(self) -> dict[str, Any]:
-        return {
+        body = {
             "format": FORMAT,
             "key": self.key,
             "rank": self.rank,
@@ -166,6 +207,9 @@ class Manifest:
             "producer": dict(self.producer),
             "labels": dict(self.labels),
         }
+        if self.kind != COMPILE:  # a compile artifact's encoding is that of 0.3.0
+            body["kind"] = self.kind
+        return body
 
     def payload(self) -> bytes:
         """The canonical bytes a signature covers (everything but the signature)."""
@@ -197,7 +241,13 @@ class Manifest:
         obj = decode_versioned(
             data, "artifact manifest", MAX_MANIFEST_BYTES, FORMAT, error=InvalidPlanError
         )
-        rank = check_rank(obj.get("rank"))
+        kind = obj.get("kind", COMPILE)
+        if kind != COMPILE and kind not in CACHE_KINDS:
+            raise UnreadableHereError(f"a cache bundle of kind {kind!r:.40}, unknown here")
+        rank = check_rank(obj.get("rank")) if kind == COMPILE else obj.get("rank")
+        if rank != "" and kind != COMPILE:
+            raise InvalidPlanError("a cache bundle's rank is empty")
+        assert isinstance(rank, str)
         files = obj.get("files")
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise InvalidPlanError(f"an artifact lists at most {MAX_FILES} files")
@@ -208,8 +258,10 @@ class Manifest:
         prefixes = {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1)}
         if prefixes & set(paths):
             raise InvalidPlanError("an artifact lists a path that is also a directory")
-        if f"{rank}/model" not in paths:
+        if kind == COMPILE and f"{rank}/model" not in paths:
             raise InvalidPlanError(f"an artifact holds {rank}/model")
+        if not paths:
+            raise InvalidPlanError("a cache bundle holds a file at least")
         created, producer, labels = obj.get("created_at"), obj.get("producer"), obj.get("labels")
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise InvalidPlanError("an artifact's created_at is a number")
@@ -224,6 +276,7 @@ class Manifest:
             producer,
             labels,
             None if sig is None else Signature.from_dict(sig),
+            kind,
         )
         if manifest.total_size > max_bytes:
             raise UnreadableHereError(

@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from plancache import _background as background
@@ -50,11 +50,20 @@ from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import (
     Readable,
     install,
+    install_cache,
     pack,
+    pack_cache,
     read_manifest,
     remove_partial_installs,
+    scan_cache,
 )
-from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, Manifest, object_name
+from plancache._artifacts.manifest import (
+    CACHE_PREFIX,
+    DEFAULT_MAX_BYTES,
+    Manifest,
+    object_name,
+    parse_cache_name,
+)
 from plancache._backends.guarded import GuardedStore
 from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
@@ -74,6 +83,9 @@ DEFAULT_FETCH_S = 60.0
 DEFAULT_EXIT_WAIT_S = 30.0
 MARKS_DIR = "compile_marks"
 """The crash-loop breaker's marks for artifacts, in the node's local directory."""
+MAX_BUNDLES = 64
+"""Most bundles of one cache and scope a fetch reads from a source (the first in name
+order); the node builds what they lack itself."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,19 @@ class Fetched:
     reason: str
     manifest: Manifest | None = None
     source: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class CacheFetched:
+    """What a cache fetch did: the reason (``hit``: a bundle at least was installed, else as
+    ``Fetched``'s), the bundles and files installed, every path the bundles read list, and
+    the seconds it took."""
+
+    reason: str
+    bundles: int = 0
+    installed: int = 0
+    known: set[str] = field(default_factory=set)
     seconds: float = 0.0
 
 
@@ -367,6 +392,141 @@ class ArtifactStore:
                 log.warning("plancache: model info: not written to the %s: %s", label, exc)
         return out
 
+    def fetch_cache(
+        self,
+        kind: str,
+        scope: str,
+        root: Path,
+    ) -> CacheFetched:
+        """Install below ``root`` the files of every trusted, valid bundle of cache ``kind``
+        in ``scope`` (at most ``MAX_BUNDLES`` a source), each file create-if-absent, within
+        the fetch bound. The paths every bundle read lists (installed or not) are returned as
+        ``known``: an upload leaves them out. Never raises."""
+        start = time.monotonic()
+        deadline = start + self.compile.fetch_timeout
+        result = CacheFetched("miss")
+        with contextlib.suppress(OSError):
+            remove_partial_installs(root)
+        prefix = f"{CACHE_PREFIX}{kind}_{scope}_"
+        for label, layer, local in self._sources():
+            if not (local or self.compile.trust_unsigned or self.keyring.requires_signature):
+                result.reason = "untrusted"
+                continue
+            try:
+                names = []
+                for name in layer.list_objects(prefix):
+                    if parse_cache_name(name) is not None:
+                        names.append(name)
+                    if len(names) >= MAX_BUNDLES or time.monotonic() > deadline:
+                        break
+            except Exception as exc:  # the node builds its cache as usual
+                result.reason = "store-error"
+                log.warning(
+                    "plancache: %s cache from %s: %s: %s", kind, label, type(exc).__name__, exc
+                )
+                continue
+            for name in sorted(names):
+                if time.monotonic() > deadline:
+                    result.reason = "timeout"
+                    break
+                self._install_bundle(layer, label, local, name, root, deadline, result)
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _install_bundle(
+        self,
+        layer: ObjectLayer,
+        label: str,
+        local: bool,
+        name: str,
+        root: Path,
+        deadline: float,
+        result: CacheFetched,
+    ) -> None:
+        kind, scope, _ = parse_cache_name(name) or ("", "", "")
+        opened: Opened | None = None
+        try:
+            opened = layer.open_object(name)
+            if opened is None:
+                return
+            foreign = opened.foreign
+            try:
+                manifest, installed = install_cache(
+                    _Deadline(opened, deadline),
+                    root,
+                    kind,
+                    scope,
+                    accept=lambda m: self.refusal(m.verdict, local, foreign),
+                    max_bytes=self.compile.max_bytes,
+                )
+            finally:
+                opened.close()
+        except Exception as exc:  # refused, corrupt, store errors: the node builds it
+            untrusted = "refused: untrusted" in str(exc)
+            if untrusted and opened is not None and opened.foreign is not None:
+                warn_foreign(f"{layer.url}/{name}", opened.foreign)  # once per place
+            else:
+                log.warning(
+                    "plancache: %s from %s not installed: %s: %s",
+                    name,
+                    label,
+                    type(exc).__name__,
+                    exc,
+                )
+            if result.reason == "miss":
+                result.reason = "untrusted" if untrusted else "invalid"
+            return
+        result.reason = "hit"
+        result.bundles += 1
+        result.installed += installed
+        result.known.update(e.path for e in manifest.files)
+
+    def upload_cache(
+        self,
+        kind: str,
+        scope: str,
+        root: Path,
+        known: frozenset[str],
+        producer: dict[str, object] | None = None,
+    ) -> tuple[int, dict[str, bool]]:
+        """Store the files below ``root`` that ``known`` does not list (what this node added
+        to cache ``kind`` in ``scope``: a delta, not a second copy) as one bundle,
+        create-if-absent, on the store (unless it refuses writes: logged), then on the local
+        tier. Returns how many files it held (0: nothing new, nothing written) and
+        {destination: created}. Raises ``ArtifactError`` (a file changed while read)."""
+        files = scan_cache(root, known, max_bytes=self.compile.max_bytes)
+        out: dict[str, bool] = {}
+        for label, layer in self._destinations() if files else ():
+            manifest, chunks = pack_cache(
+                root, kind, scope, files, keyring=self.keyring, producer=producer
+            )
+            try:
+                there = layer.open_object(manifest.name)  # another node added the same files
+                if there is not None:
+                    there.close()
+                    out[label] = False
+                    continue
+                out[label] = layer.write_object(manifest.name, chunks)
+            except PlanStoreError as exc:
+                log.warning("plancache: %s cache: not written to the %s: %s", kind, label, exc)
+        return len(files), out
+
+    def stored_manifest(self, key: str, rank: str) -> Manifest | None:
+        """The manifest of the artifact of (key, rank) the first source holds (its head
+        only), or None. Never raises."""
+        for label, layer, _ in self._sources():
+            try:
+                opened = layer.open_object(object_name(key, rank))
+                if opened is None:
+                    continue
+                try:
+                    return read_manifest(opened, max_bytes=self.compile.max_bytes)
+                finally:
+                    opened.close()
+            except Exception as exc:
+                log.info("plancache: compile artifact %s/%s in %s: %s", key[:12], rank, label, exc)
+        return None
+
     def _remove_stale_uploads(self, name: str) -> None:
         """Remove the temp files that killed uploads of ``name`` left in local stores."""
         layers = [self.local, None if self.remote else self.store]
@@ -459,6 +619,11 @@ class Uploads:
         with self.lock:
             self.jobs.append(job)
         return job
+
+    def running(self) -> list[Job[object]]:
+        """The uploads not done yet."""
+        with self.lock:
+            return [job for job in self.jobs if not job.done()]
 
     def wait(self, timeout: float) -> bool:
         """Join every upload, ``timeout`` seconds in all; True if none is left running."""

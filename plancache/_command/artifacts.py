@@ -1,9 +1,9 @@
 """What the ``plancache`` subcommands do with the kinds loaded as code or trusted as fact
-(compile artifacts and model info, ``plancache._artifacts``), beside the plans of the same
-store: each ``cmd_*`` of ``plans`` calls the function of the same name here, which goes over
-every such kind (``plancache._inventory.artifacts.KINDS``). An artifact is named
-``KEY/rank_R_D`` (``KEY``: a unique prefix of vLLM's key) or by its object name, a model
-info by its object name."""
+(compile artifacts, cache bundles and model info, ``plancache._artifacts``), beside the plans
+of the same store: each ``cmd_*`` of ``plans`` calls the function of the same name here,
+which goes over every such kind (``plancache._inventory.artifacts.KINDS``). An artifact is
+named ``KEY/rank_R_D`` (``KEY``: a unique prefix of vLLM's key) or by its object name, a
+cache bundle and a model info by their object names."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import remove_partial_installs
-from plancache._artifacts.manifest import parse_object_name
+from plancache._artifacts.manifest import parse_cache_name, parse_object_name
 from plancache._command.display import age, echo, plural, print_table, size, when
 from plancache._inventory import artifacts as inventory
 from plancache._inventory.artifacts import ArtifactRecord
@@ -33,10 +33,13 @@ def is_ref(text: str) -> bool:
     """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name) or a model
     info (its object name), not a plan."""
     return (
-        bool(_REF.fullmatch(text.strip()))
-        or parse_object_name(text) is not None
-        or modelinfo.is_object_name(text.strip())
+        bool(_REF.fullmatch(text.strip())) or parse_object_name(text) is not None or _by_name(text)
     )
+
+
+def _by_name(text: str) -> bool:
+    """True for the object name of a cache bundle or a model info (named only so)."""
+    return parse_cache_name(text.strip()) is not None or modelinfo.is_object_name(text.strip())
 
 
 def _ref(e: ArtifactRecord) -> str:
@@ -79,6 +82,22 @@ def entry_dict(e: ArtifactRecord) -> dict[str, Any]:
         }
     )
     return _record_dict(KIND, e, fields)
+
+
+def bundle_dict(e: ArtifactRecord) -> dict[str, Any]:
+    m = e.manifest
+    fields = (
+        {}
+        if m is None
+        else {
+            "cache": m.kind,
+            "scope": m.key,
+            "bytes": m.total_size,
+            "files": len(m.files),
+            "producer": dict(m.producer),
+        }
+    )
+    return _record_dict("cache", e, fields)
 
 
 def info_dict(e: ArtifactRecord) -> dict[str, Any]:
@@ -124,6 +143,34 @@ def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRec
     return entries
 
 
+def ls_bundles(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRecord]:
+    """Print one row per cache bundle (unreadable ones after, with the reason); the entries."""
+    entries = list(inventory.scan(layer, max_bytes, inventory.CACHES))
+    now = time.time()
+    rows = [
+        [
+            e.manifest.kind,
+            e.manifest.key[:12],
+            size(e.manifest.total_size),
+            str(len(e.manifest.files)),
+            age(now - e.manifest.created_at),
+            str(e.manifest.producer.get("host", "-")),
+            _signed(e, keyring),
+        ]
+        for e in entries
+        if e.manifest is not None
+    ]
+    if rows:
+        echo()
+        headers = ["CACHE", "SCOPE", "SIZE", "FILES", "AGE", "HOST", "SIGNED"]
+        print_table(headers, rows, right={2, 3, 4})
+    for e in entries:
+        if e.manifest is None:
+            where = "unreadable here" if e.unreadable else "unreadable"
+            echo(f"  {where} cache bundle {e.name}: {e.error}")
+    return entries
+
+
 def ls_model_info(layer: ObjectLayer, keyring: Keyring) -> list[ArtifactRecord]:
     """Print one row per model info (unreadable ones after, with the reason); the entries."""
     entries = list(inventory.scan(layer, kind=inventory.MODEL_INFO))
@@ -152,15 +199,21 @@ def ls_model_info(layer: ObjectLayer, keyring: Keyring) -> list[ArtifactRecord]:
 def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
     if modelinfo.is_object_name(ref.strip()):
         return _show_model_info(layer, ref.strip(), keyring)
-    [name] = inventory.resolve(layer, [ref])
-    e = inventory.read_entry(layer, name, max_bytes)
+    bundle = parse_cache_name(ref.strip()) is not None
+    [name] = [ref.strip()] if bundle else inventory.resolve(layer, [ref])
+    kind = inventory.CACHES if bundle else inventory.ARTIFACTS
+    e = inventory.read_entry(layer, name, max_bytes, kind)
     if e is None or e.manifest is None:
-        echo(f"compile artifact {name}: {'gone' if e is None else e.error}")
+        echo(f"{kind.label} {name}: {'gone' if e is None else e.error}")
         return 1
     m = e.manifest
-    echo(f"kind         {KIND} artifact (vLLM AOT)")
-    echo(f"key          {m.key}")
-    echo(f"rank         {m.rank}")
+    if bundle:
+        echo(f"kind         {m.kind} cache bundle (files of a generated cache)")
+        echo(f"scope        {m.key}")
+    else:
+        echo(f"kind         {KIND} artifact (vLLM AOT)")
+        echo(f"key          {m.key}")
+        echo(f"rank         {m.rank}")
     echo(f"object       {name} in {layer.url}")
     echo(f"created      {when(m.created_at, time.time())}")
     echo(f"size         {size(m.total_size)} in {plural(len(m.files), 'file')}")
@@ -245,8 +298,8 @@ def _verify(
 
 
 def rm(layer: ObjectLayer, refs: list[str]) -> None:
-    infos = [r.strip() for r in refs if modelinfo.is_object_name(r.strip())]
-    others = [r for r in refs if not modelinfo.is_object_name(r.strip())]
+    infos = [r.strip() for r in refs if _by_name(r)]
+    others = [r for r in refs if not _by_name(r)]
     for name in [*inventory.resolve(layer, others), *dict.fromkeys(infos)]:
         echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
 
@@ -302,10 +355,13 @@ def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: 
 def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
     entries = [e for e in inventory.scan(layer, max_bytes) if e.manifest is not None]
     stamps = [e.manifest.created_at for e in entries if e.manifest is not None]
+    bundles = [e for e in inventory.scan(layer, max_bytes, inventory.CACHES) if e.manifest]
     return {
         "artifacts": len(entries),
         "artifact_bytes": sum(e.manifest.total_size for e in entries if e.manifest is not None),
         "artifacts_oldest": min(stamps, default=None),
         "artifacts_newest": max(stamps, default=None),
+        "cache_bundles": len(bundles),
+        "cache_bundle_bytes": sum(e.manifest.total_size for e in bundles if e.manifest),
         "model_infos": len(inventory.names(layer, inventory.MODEL_INFO)),
     }

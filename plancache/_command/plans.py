@@ -170,6 +170,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 for a in inventory_artifacts.scan(store, _max_bytes())
             ]
             + [
+                artifact_commands.bundle_dict(b)
+                for b in inventory_artifacts.scan(store, _max_bytes(), inventory_artifacts.CACHES)
+            ]
+            + [
                 artifact_commands.info_dict(m)
                 for m in inventory_artifacts.scan(store, kind=inventory_artifacts.MODEL_INFO)
             ]
@@ -201,11 +205,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
     artifacts = artifact_commands.ls(store, keyring, _max_bytes())
+    bundles = artifact_commands.ls_bundles(store, keyring, _max_bytes())
     infos = artifact_commands.ls_model_info(store, keyring)
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
     if artifacts:
         summary += f", {plural(len(artifacts), 'compile artifact')}"
+    if bundles:
+        summary += f", {plural(len(bundles), 'cache bundle')}"
     if infos:
         summary += f", {plural(len(infos), 'model info')}"
     if rejected:
@@ -388,6 +395,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     echo(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
     if a["artifacts"]:
         echo(f"compile  {plural(a['artifacts'], 'artifact')}, {size(a['artifact_bytes'])}")
+    if a["cache_bundles"]:
+        echo(f"caches   {plural(a['cache_bundles'], 'bundle')}, {size(a['cache_bundle_bytes'])}")
     return 0
 
 

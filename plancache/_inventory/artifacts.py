@@ -1,5 +1,5 @@
-"""Listing, verifying, copying and pruning the compile artifacts of any store, on its object
-layer (a library for the command line).
+"""Listing, verifying, copying and pruning the compile artifacts, cache bundles and model
+info of any store, on its object layer (a library for the command line).
 
 The rules every kind's inventory keeps (``plancache._inventory.plans`` keeps them for plans):
 
@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plancache._artifacts import modelinfo
-from plancache._artifacts.archive import Readable, install, read_manifest
-from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, NAME_PREFIX, parse_object_name
+from plancache._artifacts.archive import Readable, install, install_cache, read_manifest
+from plancache._artifacts.manifest import (
+    CACHE_PREFIX,
+    DEFAULT_MAX_BYTES,
+    NAME_PREFIX,
+    parse_cache_name,
+    parse_object_name,
+)
 from plancache._inventory import UNREADABLE_HERE, prunable
 from plancache._objects import ObjectLayer
 from plancache._plan import Signature
@@ -72,6 +78,19 @@ def _check_artifact(
         install(stream, Path(temp) / parsed[0], *parsed, accept=accept, max_bytes=max_bytes)
 
 
+def _check_bundle(
+    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+) -> None:
+    parsed = parse_cache_name(name)
+    assert parsed is not None
+    with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
+        manifest, _ = install_cache(
+            stream, Path(temp), *parsed[:2], accept=accept, max_bytes=max_bytes
+        )
+    if manifest.name != name:
+        raise ArtifactError("its files are not those its name says")
+
+
 def _read_info(stream: Readable, max_bytes: int) -> modelinfo.ModelInfo:
     data = b""
     while len(data) <= modelinfo.MAX_BYTES and (chunk := stream.read(1 << 16)):
@@ -98,6 +117,14 @@ ARTIFACTS = CodeKind(
     lambda head, name: (head.key, head.rank) == parse_object_name(name),  # type: ignore[attr-defined]
     _check_artifact,
 )
+CACHES = CodeKind(
+    "cache bundle",
+    CACHE_PREFIX,
+    lambda name: parse_cache_name(name) is not None,
+    lambda stream, max_bytes: read_manifest(stream, max_bytes=max_bytes),
+    lambda head, name: head.name == name,  # type: ignore[attr-defined]
+    _check_bundle,
+)
 MODEL_INFO = CodeKind(
     "model info",
     modelinfo.NAME_PREFIX,
@@ -106,7 +133,7 @@ MODEL_INFO = CodeKind(
     lambda head, name: head.name == name,  # type: ignore[attr-defined]
     _check_info,
 )
-KINDS = (ARTIFACTS, MODEL_INFO)
+KINDS = (ARTIFACTS, CACHES, MODEL_INFO)
 """Every code kind the inventory knows, in the order the command shows them."""
 
 

@@ -21,8 +21,16 @@ whether or not a ``Worker`` is involved. The wrapper:
 
 It also wraps the model class's ``save_aot_compiled_function``: once vLLM saved a new
 artifact and the first forward that follows returned, the artifact is uploaded in a daemon
-thread (create-if-absent). At exit, uploads in flight get ``PLANCACHE_COMPILE_EXIT_WAIT``
-seconds in all (default 30), then are abandoned (nothing is stored). Nothing here raises
+thread (create-if-absent).
+
+What vLLM adds to ``<key>/inductor_cache/`` after it saved the artifact (the warm-up's
+sizes, CUDA-graph capture, autotuning) is the ``inductor`` cache kind, scoped by vLLM's key:
+fetched with the artifact (step 2, whenever ``model`` is missing) and uploaded by
+``upload_additions`` once the boot is ready (``caches.ready``), as a delta: only the files
+that neither the stored artifact nor a stored bundle holds.
+
+At exit, uploads in flight get ``PLANCACHE_COMPILE_EXIT_WAIT`` seconds in all (default 30),
+then are abandoned (nothing is stored). Nothing here raises
 into vLLM: any failure is logged and the node compiles as if plancache were absent.
 """
 
@@ -45,7 +53,7 @@ from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts.archive import TEMP_PREFIX, installed_manifest
-from plancache._artifacts.manifest import Manifest, check_key, check_rank
+from plancache._artifacts.manifest import INDUCTOR_DIR, Manifest, check_key, check_rank
 from plancache._artifacts.share import (
     MARKS_DIR,
     ArtifactStore,
@@ -74,6 +82,10 @@ _lock = threading.Lock()
 _settings: CompileSettings | None = None
 _store: ArtifactStore | None = None
 _opening: Job[None] | None = None
+_used: dict[Path, set[str]] = {}
+"""The ``<key>`` directories vLLM loaded or compiled in this process, with their ranks."""
+_additions_known: dict[Path, set[str]] = {}
+"""The ``inductor_cache/`` paths the stored bundles of each ``<key>`` directory list."""
 
 
 def wanted() -> bool:
@@ -205,6 +217,8 @@ def _before_load(model: Any, path: str) -> _Load | None:
         return None
     rank_dir = Path(path).parent
     attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
+    with _lock:
+        _used.setdefault(attempt.root, set()).add(attempt.rank)
     _wrap_save(type(model))
     prefetch = getattr(model, PREFETCH_ATTR, None)
     where = None
@@ -254,7 +268,53 @@ def _prepare(root: Path, key: str, rank: str, prefetched: bool = False) -> Fetch
         fetched.seconds,
         ", while the model loaded" if prefetched else "",
     )
+    additions = artifacts.fetch_cache("inductor", key, root / INDUCTOR_DIR)
+    with _lock:
+        _additions_known.setdefault(root, set()).update(additions.known)
+    if additions.bundles or additions.reason != "miss":
+        log.info(
+            "plancache: compile artifact %s: warm-up additions: %s, %d bundles, %d files "
+            "installed (%.3f s)",
+            key[:12],
+            additions.reason,
+            additions.bundles,
+            additions.installed,
+            additions.seconds,
+        )
     return fetched
+
+
+def upload_additions(artifacts: ArtifactStore) -> None:
+    """Store what this process's boot added to each ``<key>/inductor_cache/`` it used (a
+    delta on the stored artifact and bundles: see the module docstring). Never raises."""
+    with _lock:
+        used = {root: set(ranks) for root, ranks in _used.items()}
+    for root, ranks in used.items():
+        try:
+            key = check_key(root.name)
+            with _lock:
+                known = set(_additions_known.get(root, ()))
+            for rank in ranks:  # the files of the artifact others install
+                stored = artifacts.stored_manifest(key, rank)
+                for entry in stored.files if stored is not None else ():
+                    if entry.path.startswith(f"{INDUCTOR_DIR}/"):
+                        known.add(entry.path[len(INDUCTOR_DIR) + 1 :])
+            files, outcome = artifacts.upload_cache(
+                "inductor", key, root / INDUCTOR_DIR, frozenset(known), producer()
+            )
+        except Exception as exc:
+            log.warning(
+                "plancache: compile artifact %s: additions not stored: %s", root.name[:12], exc
+            )
+            continue
+        if files:
+            log.info(
+                "plancache: compile artifact %s: warm-up additions (%d files) stored: %s",
+                key[:12],
+                files,
+                ", ".join(f"{k}={'created' if v else 'kept'}" for k, v in outcome.items())
+                or "nowhere",
+            )
 
 
 # -- the prefetch, when the model is built ---------------------------------------------------
@@ -426,7 +486,7 @@ def _upload(root: Path, key: str, rank: str, labels: dict[str, object]) -> None:
         return
     start = time.monotonic()
     try:
-        outcome = artifacts.upload(root, key, rank, labels, _producer())
+        outcome = artifacts.upload(root, key, rank, labels, producer())
     except Exception as exc:
         log.warning(
             "plancache: compile artifact %s/%s not stored: %s: %s",
@@ -445,7 +505,8 @@ def _upload(root: Path, key: str, rank: str, labels: dict[str, object]) -> None:
     )
 
 
-def _producer() -> dict[str, object]:
+def producer() -> dict[str, object]:
+    """Who made an artifact or bundle: host, vLLM's and torch's versions."""
     import torch
     from vllm import __version__
 

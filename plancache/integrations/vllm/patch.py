@@ -124,8 +124,8 @@ def _builtin_delegate(name: str, original: Callable[..., Any]) -> Callable[..., 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
     """Finds ``target`` (default ``TARGET_MODULE``) through the other finders and patches it
-    once executed (``on_load``, default: the worker patch); removes itself from
-    ``sys.meta_path`` then."""
+    once executed (each of ``callbacks``, in order; ``on_load`` None: the worker patch);
+    removes itself from ``sys.meta_path`` then."""
 
     def __init__(
         self,
@@ -133,7 +133,7 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
         on_load: Callable[[ModuleType], object] | None = None,
     ) -> None:
         self.target = target
-        self.on_load = on_load
+        self.callbacks: list[Callable[[ModuleType], object]] = [on_load or _patch_and_warm]
 
     def find_spec(
         self,
@@ -158,10 +158,26 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 def patch_on_import(target: str, on_load: Callable[[ModuleType], object] | None = None) -> None:
-    """Put a ``PatchOnImport(target, on_load)`` first in ``sys.meta_path``, unless one for
-    ``target`` is there already (one patch per import, whoever registers again)."""
-    if not any(isinstance(f, PatchOnImport) and f.target == target for f in sys.meta_path):
-        sys.meta_path.insert(0, PatchOnImport(target, on_load))
+    """Put a ``PatchOnImport(target, on_load)`` first in ``sys.meta_path``; where one for
+    ``target`` is there already, add ``on_load`` to it (each callback once)."""
+    callback = on_load or _patch_and_warm
+    for finder in sys.meta_path:
+        if isinstance(finder, PatchOnImport) and finder.target == target:
+            if callback not in finder.callbacks:
+                finder.callbacks.append(callback)
+            return
+    sys.meta_path.insert(0, PatchOnImport(target, on_load))
+
+
+def _patch_and_warm(module: ModuleType) -> None:
+    """The worker patch, then the plans' warm-up (where it patched)."""
+    try:
+        patched = patch_worker_module(module)
+    except Exception:
+        log.warning("plancache: could not patch %s; inactive", module.__name__, exc_info=True)
+        return
+    if patched:
+        safely(warm)
 
 
 def patch_when_imported(target: str, on_load: Callable[[ModuleType], object]) -> None:
@@ -186,16 +202,8 @@ class _PatchingLoader(importlib.abc.Loader):
         self.inner.exec_module(module)
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
-        if self.finder.on_load is not None:
-            safely(self.finder.on_load, module)
-            return
-        try:
-            patched = patch_worker_module(module)
-        except Exception:
-            log.warning("plancache: could not patch %s; inactive", module.__name__, exc_info=True)
-            return
-        if patched:
-            safely(warm)
+        for callback in self.finder.callbacks:
+            safely(callback, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -1,7 +1,7 @@
 """vLLM's entry point: ``register()`` patches the GPU worker, now or when it is imported,
-hooks vLLM's AOT compile cache (``compile``: compile artifacts shared through the store) and
-its model-info cache (``modelinfo``), and routes plancache's log lines through vLLM's
-logger."""
+hooks vLLM's AOT compile cache (``compile``: compile artifacts shared through the store), the
+other generated caches (``caches``) and its model-info cache (``modelinfo``), and routes
+plancache's log lines through vLLM's logger."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def register() -> None:
             plans = enabled()
             if not (plans or compile_wanted()):
                 return  # having imported little: vLLM loads this module in every process
-            from plancache.integrations.vllm import compile, modelinfo
+            from plancache.integrations.vllm import caches, compile, modelinfo
             from plancache.integrations.vllm.patch import (
                 TARGET_MODULE,
                 patch_on_import,
@@ -42,6 +42,7 @@ def register() -> None:
             _route_logs_to_vllm()
             if artifacts and _module_exists(compile.TARGET_MODULE):
                 compile.hook()
+                caches.hook()  # Triton's and FlashInfer's caches, the warm-up's additions
             if artifacts and _module_exists(modelinfo.TARGET_MODULE):
                 modelinfo.hook()  # before the engine's config inspects the model
             if not plans:

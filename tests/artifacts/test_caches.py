@@ -1,0 +1,265 @@
+"""Cache bundles (Triton's cache, a compile artifact's warm-up additions, FlashInfer's
+autotune files) on the object layer, without vLLM: a delta of what the stores lack, one
+object per content, file-by-file installs that never replace a node's file and make a Triton
+kernel visible only once its files are in place, the trust rule of compile artifacts, the
+inventory's rules, local and S3 stores."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from plancache._artifacts import archive
+from plancache._artifacts.manifest import (
+    CACHE_KINDS,
+    Manifest,
+    cache_object_name,
+    parse_cache_name,
+)
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
+from plancache._inventory import artifacts as inventory
+from plancache._keys import fingerprint
+from plancache._signing import Keyring
+from plancache.errors import ArtifactError, InvalidPlanError, UnreadableHereError
+from plancache.testing import LocalStore
+from plancache.testing.servers import MotoS3
+
+K1 = "k1-" + "a" * 30
+SCOPE = fingerprint({"cache": "triton", "triton": "3.9.0", "device": "H100 sm_90"})
+
+
+def _kernel(root: Path, key: str, name: str = "add", body: bytes = b"\x7fELF cubin") -> None:
+    """A Triton cache entry as Triton 3.9 writes it (``<key>/<name>.*`` and its group)."""
+    d = root / key
+    d.mkdir(parents=True, exist_ok=True)
+    children = {}
+    for ext, data in ((".cubin", body), (".ptx", b"//ptx"), (".json", b'{"name": "add"}')):
+        (d / f"{name}{ext}").write_bytes(data)
+        children[f"{name}{ext}"] = str(d / f"{name}{ext}")
+    (d / f"__grp__{name}.json").write_bytes(orjson.dumps({"child_paths": children}))
+
+
+def _store(url: str, keyring: Keyring | None = None, **kw: Any) -> ArtifactStore:
+    options = kw.pop("options", {})
+    settings = Settings(
+        url,
+        local_tier=kw.pop("local_tier", None),
+        storage_options=options,
+        keyring=keyring or Keyring(),
+        timeout=30.0,
+    )
+    return ArtifactStore(settings, CompileSettings(**kw))
+
+
+def test_bundle_names_carry_the_kind_the_scope_and_the_content_alone(tmp_path: Path) -> None:
+    for key in ("A" * 52, "B" * 52):
+        _kernel(tmp_path / "a", key)
+    files_a = archive.scan_cache(tmp_path / "a")
+    one, _ = archive.pack_cache(tmp_path / "a", "triton", SCOPE, files_a)
+    time.sleep(0.01)
+    two, _ = archive.pack_cache(tmp_path / "a", "triton", SCOPE, archive.scan_cache(tmp_path / "a"))
+    assert one.name == two.name and one.created_at != two.created_at  # same files, one object
+    assert parse_cache_name(one.name) == ("triton", SCOPE, one.content)
+    other, _ = archive.pack_cache(tmp_path / "a", "triton", "0" * 64, files_a)
+    assert other.name != one.name
+    assert parse_cache_name("cache_nope_" + SCOPE + "_" + "0" * 32 + ".tar") is None
+    with pytest.raises(InvalidPlanError):
+        cache_object_name("nope", SCOPE, "0" * 32)
+    assert set(CACHE_KINDS) >= {"triton", "inductor", "flashinfer_autotune"}
+
+
+def test_a_compile_artifacts_manifest_encodes_as_before() -> None:
+    """Old manifests (and their signatures) stay valid: ``kind`` is written for bundles only."""
+    m = Manifest("a" * 64, "rank_0_0", (), created_at=1.0)
+    assert b"kind" not in m.payload()
+    bundle = Manifest(SCOPE, "", (), created_at=1.0, kind="triton")
+    assert b'"kind":"triton"' in bundle.payload()
+
+
+def test_scan_leaves_out_temp_lock_and_known_files(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    _kernel(root, "K" * 52)
+    (root / "tmp.pid_12_34").mkdir()
+    (root / "tmp.pid_12_34" / "add.cubin").write_bytes(b"half")
+    (root / ".plancache-tmp-x").mkdir()
+    (root / ".plancache-tmp-x" / "f").write_bytes(b"x")
+    (root / "locks").mkdir()
+    (root / "locks" / "a.lock").write_bytes(b"")
+    (root / "K").mkdir()
+    (root / "K" / "x.tmp").write_bytes(b"")
+    (root / "K" / "bad name").write_bytes(b"")  # no bundle may hold it: left out
+    os.symlink("/etc/passwd", root / "K" / "link")
+    os.mkfifo(root / "K" / "fifo")
+    paths = [e.path for e in archive.scan_cache(root)]
+    assert paths == sorted(
+        f"{'K' * 52}/{n}" for n in ("__grp__add.json", "add.cubin", "add.json", "add.ptx")
+    )
+    known = frozenset(paths[:2])
+    assert [e.path for e in archive.scan_cache(root, known)] == paths[2:]
+    assert len(archive.scan_cache(root, max_bytes=20)) < len(paths)  # the rest: a later bundle
+
+
+def test_install_never_replaces_a_file_and_puts_the_group_file_last(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _kernel(src, "K" * 52)
+    manifest, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src))
+    data = b"".join(chunks)
+    node = tmp_path / "node"
+    (node / ("K" * 52)).mkdir(parents=True)
+    (node / ("K" * 52) / "add.ptx").write_bytes(b"the node's own")
+    order: list[str] = []
+    real_link = os.link
+
+    def link(a: Any, b: Any) -> None:
+        order.append(Path(b).name)
+        real_link(a, b)
+
+    os.link = link  # type: ignore[assignment]
+    try:
+        got, installed = archive.install_cache(
+            io.BytesIO(data), node, "triton", SCOPE, accept=lambda m: None
+        )
+    finally:
+        os.link = real_link
+    assert got.name == manifest.name and installed == 3  # add.ptx was the node's
+    assert order[-1] == "__grp__add.json"
+    group = orjson.loads((node / ("K" * 52) / "__grp__add.json").read_bytes())
+    assert group["child_paths"] == {  # re-rooted where this node keeps the cache
+        n: str(node / ("K" * 52) / n) for n in ("add.cubin", "add.ptx", "add.json")
+    }
+    assert (node / ("K" * 52) / "add.ptx").read_bytes() == b"the node's own"
+    assert (node / ("K" * 52) / "add.cubin").read_bytes() == b"\x7fELF cubin"
+    assert oct((node / ("K" * 52) / "add.cubin").stat().st_mode & 0o777) == oct(0o644)
+    assert not [p for p in node.iterdir() if p.name.startswith(".")]  # temp dir removed
+
+
+def test_a_group_file_triton_did_not_write_is_not_installed(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _kernel(src, "K" * 52)
+    (src / ("K" * 52) / "__grp__add.json").write_bytes(
+        orjson.dumps({"child_paths": {"add.cubin": "/etc/add.cubin", "x": "/etc/passwd"}})
+    )
+    _, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src))
+    node = tmp_path / "node"
+    _, installed = archive.install_cache(
+        io.BytesIO(b"".join(chunks)), node, "triton", SCOPE, accept=lambda m: None
+    )
+    assert installed == 3 and not (node / ("K" * 52) / "__grp__add.json").exists()
+
+
+def test_a_tampered_foreign_or_refused_bundle_installs_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _kernel(src, "K" * 52, body=b"C" * 4096)
+    _, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src), compress=False)
+    data = b"".join(chunks)
+    node = tmp_path / "node"
+    tampered = data.replace(b"C" * 64, b"D" * 64, 1)
+    cases: list[tuple[bytes, str, str]] = [
+        (tampered, "triton", SCOPE),
+        (data, "triton", "0" * 64),  # another scope's
+        (data, "inductor", SCOPE),  # another kind's
+        (data[: len(data) // 2], "triton", SCOPE),  # truncated
+    ]
+    for blob, kind, scope in cases:
+        with pytest.raises(ArtifactError):
+            archive.install_cache(io.BytesIO(blob), node, kind, scope, accept=lambda m: None)
+    with pytest.raises(ArtifactError, match="refused: no"):
+        archive.install_cache(io.BytesIO(data), node, "triton", SCOPE, accept=lambda m: "no")
+    assert not any(node.rglob("*.cubin"))
+
+
+def test_an_unknown_kind_is_unreadable_here_not_corrupt() -> None:
+    body = Manifest(SCOPE, "", (), created_at=1.0, kind="triton").encode()
+    newer = body.replace(b'"kind":"triton"', b'"kind":"tilelang"')
+    with pytest.raises(UnreadableHereError):
+        Manifest.decode(newer)
+    with pytest.raises(InvalidPlanError, match="a file at least"):
+        Manifest.decode(body)
+
+
+def test_a_new_node_gets_every_kernel_and_uploads_only_what_it_added(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    cold = tmp_path / "cold"
+    for i in range(3):
+        _kernel(cold, f"{i}" * 52)
+    first = _store(store)
+    assert first.fetch_cache("triton", SCOPE, cold).reason == "miss"
+    files, outcome = first.upload_cache("triton", SCOPE, cold, frozenset())
+    assert files == 12 and outcome == {"store": True}
+    # the same files again (another node of the herd): nothing written
+    assert _store(store).upload_cache("triton", SCOPE, cold, frozenset()) == (12, {"store": False})
+
+    new = tmp_path / "new"
+    fetched = _store(store).fetch_cache("triton", SCOPE, new)
+    assert (fetched.reason, fetched.bundles, fetched.installed) == ("hit", 1, 12)
+    assert sorted(p.name for p in new.iterdir()) == sorted(f"{i}" * 52 for i in range(3))
+    _kernel(new, "9" * 52)  # what this node's warm-up compiled
+    files, outcome = _store(store).upload_cache("triton", SCOPE, new, frozenset(fetched.known))
+    assert files == 4 and outcome == {"store": True}  # a delta, not a second copy
+    third = tmp_path / "third"
+    again = _store(store).fetch_cache("triton", SCOPE, third)
+    assert (again.bundles, again.installed) == (2, 16)
+    assert _store(store).fetch_cache("triton", "0" * 64, tmp_path / "gpu2").reason == "miss"
+
+
+def test_trust_follows_compile_artifacts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = tmp_path / "store"
+    src = tmp_path / "src"
+    _kernel(src, "K" * 52)
+    _store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
+    keyed = _store(str(store), Keyring(verify_keys=[K1]))
+    got = keyed.fetch_cache("triton", SCOPE, tmp_path / "a")
+    assert got.reason == "invalid" and not (tmp_path / "a" / ("K" * 52)).exists()  # unsigned
+    _store(str(tmp_path / "signed"), Keyring(K1)).upload_cache("triton", SCOPE, src, frozenset())
+    keyed = _store(str(tmp_path / "signed"), Keyring(verify_keys=[K1]))
+    assert keyed.fetch_cache("triton", SCOPE, tmp_path / "b").installed == 4
+    store.chmod(0o777)  # others could have planted it
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        got = _store(str(store)).fetch_cache("triton", SCOPE, tmp_path / "c")
+    assert got.reason == "untrusted" and not (tmp_path / "c" / ("K" * 52)).exists()
+    assert [r for r in caplog.records if str(store) in r.getMessage()]
+
+
+def test_a_remote_store_is_trusted_unsigned_only_when_told(
+    tmp_path: Path, moto_s3: MotoS3, s3_bucket: str
+) -> None:
+    url, options = f"s3://{s3_bucket}/fleet", {"endpoint_url": moto_s3.endpoint, "timeout": 30.0}
+    src = tmp_path / "src"
+    for i in range(2):
+        _kernel(src, f"{i}" * 52)
+    producer = _store(url, options=options, trust_unsigned=True)
+    assert producer.upload_cache("triton", SCOPE, src, frozenset()) == (8, {"store": True})
+    plain = _store(url, options=options).fetch_cache("triton", SCOPE, tmp_path / "a")
+    assert plain.reason == "untrusted" and not (tmp_path / "a").exists()
+    trusting = _store(url, options=options, trust_unsigned=True)
+    got = trusting.fetch_cache("triton", SCOPE, tmp_path / "b")
+    assert (got.reason, got.installed) == ("hit", 8)
+
+
+def test_the_inventory_lists_verifies_and_prunes_bundles(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    src = tmp_path / "src"
+    _kernel(src, "K" * 52, body=b"C" * 4096)
+    _store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
+    layer = LocalStore(str(store))
+    [name] = inventory.names(layer, inventory.CACHES)
+    [entry] = list(inventory.scan(layer, kind=inventory.CACHES))
+    assert entry.manifest is not None and entry.manifest.kind == "triton"
+    assert inventory.verify(layer, name, kind=inventory.CACHES) is None
+    data = (store / name).read_bytes()
+    (store / name).write_bytes(data[:-700])  # truncated
+    problem = inventory.verify(layer, name, kind=inventory.CACHES)
+    assert problem is not None and problem.corrupt
+    (store / name).write_bytes(data)
+    kept = inventory.prune(layer, 3600, kind=inventory.CACHES)
+    assert kept.deleted == [] and (store / name).exists()
+    gone = inventory.prune(layer, 3600, now=time.time() + 7200, kind=inventory.CACHES)
+    assert gone.deleted == [name] and not (store / name).exists()
