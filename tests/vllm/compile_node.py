@@ -15,8 +15,10 @@ without a model runner, so it is set to ``[]``.
 
 usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S]
 ``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
-the artifact (a boot that dies with it). ``--wait-upload`` waits that long for plancache's
-background upload before exiting (0: leave it to the exit bound).
+the artifact (a boot that dies with it). After the first forward the node is ready: it calls
+plancache's ``caches.ready`` as a ``Worker`` does once its warm-up returned (what vLLM added
+to ``inductor_cache/`` since it saved the artifact is uploaded then). ``--wait-upload`` waits
+that long for plancache's background uploads before exiting (0: leave it to the exit bound).
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
@@ -118,10 +120,12 @@ def main() -> None:
     with set_current_vllm_config(config), set_forward_context(None, config), torch.no_grad():
         out = model(x)
     first_forward = time.perf_counter() - first
+    from plancache.integrations.vllm import caches
+    from plancache.integrations.vllm import compile as share
+
+    caches.ready()  # as Worker.compile_or_warm_up_model's wrapper does
     waited = None
     if args.wait_upload:
-        from plancache.integrations.vllm import compile as share
-
         t = time.perf_counter()
         share.uploads.wait(args.wait_upload)
         waited = time.perf_counter() - t
