@@ -13,7 +13,9 @@ which ``FixFunctionalizationPass`` and the quant fusions need, so that pass is a
 the fusions are off; ``compile_sizes`` is unset
 without a model runner, so it is set to ``[]``.
 
-usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S]
+usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S] [--sizes N ...]
+``--sizes`` sets vLLM's ``compile_sizes`` and runs one forward of each size after the first
+(the warm-up a model runner does: it compiles or loads those sizes).
 ``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
 the artifact (a boot that dies with it). After the first forward the node is ready: it calls
 plancache's ``caches.ready`` as a ``Worker`` does once its warm-up returned (what vLLM added
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--die-after-load", action="store_true")
     ap.add_argument("--wait-upload", type=float, default=0.0)
+    ap.add_argument("--sizes", type=int, nargs="*", default=[])
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,7 +83,7 @@ def main() -> None:
     configured = time.perf_counter() - configured
     config.compilation_config.mode = CompilationMode.VLLM_COMPILE  # shim: CPU downgrades it
     config.compilation_config.backend = "inductor"
-    config.compilation_config.compile_sizes = []  # shim: no model runner sets it
+    config.compilation_config.compile_sizes = list(args.sizes)  # shim: no model runner sets it
     passes = config.compilation_config.pass_config
     for name in ("fuse_norm_quant", "fuse_act_quant"):  # shim: CUDA fusions (need vllm._C)
         setattr(passes, name, False)
@@ -120,6 +123,11 @@ def main() -> None:
     with set_current_vllm_config(config), set_forward_context(None, config), torch.no_grad():
         out = model(x)
     first_forward = time.perf_counter() - first
+    warm_up = time.perf_counter()
+    for size in args.sizes:  # the model runner's warm-up
+        with set_current_vllm_config(config), set_forward_context(None, config), torch.no_grad():
+            model(torch.randn(size, 64))
+    warm_up = time.perf_counter() - warm_up
     from plancache.integrations.vllm import caches
     from plancache.integrations.vllm import compile as share
 
@@ -131,6 +139,7 @@ def main() -> None:
         waited = time.perf_counter() - t
     report = {
         "first_forward_s": first_forward,
+        "inductor_files": _files(os.environ["VLLM_CACHE_ROOT"], "inductor_cache"),
         "process_s": time.perf_counter() - START,
         "loaded_from_disk": bool(getattr(model, "was_aot_compile_fn_loaded_from_disk", False)),
         "aot_compiles": compilation_counter.num_aot_compiles,
@@ -144,9 +153,21 @@ def main() -> None:
             "engine config": configured,
             "of which model inspection (inspect_model_cls)": sum(inspect_s),
             "first forward": first_forward,
+            "warm-up": warm_up,
         },
     }
     print(json.dumps(report), flush=True)
+
+
+def _files(root: str, part: str) -> int:
+    """How many files lie below ``root`` in directories named ``part`` (lock files aside)."""
+    return sum(
+        1
+        for dirpath, _, names in os.walk(root)
+        if part in dirpath.split(os.sep)
+        for name in names
+        if not name.endswith(".lock")
+    )
 
 
 def _timed(cls: Any, method: str) -> list[float]:
