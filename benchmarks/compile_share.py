@@ -1,14 +1,21 @@
 """Boot time saved by shared compile artifacts: real vLLM 0.33 compiles on this machine's CPU,
 each node a fresh process (``tests/vllm/compile_node.py``: a tiny ``support_torch_compile``
-model, real ``VllmConfig``, real AOT compile, save and load; no simulation).
+model, real ``VllmConfig``, real AOT compile, save and load, a warm-up of one more size;
+no simulation).
 
-Cases, each with its first-forward time (where vLLM compiles or loads) and whole-process time:
+Cases, each with its whole-process time, its first-forward time (where vLLM compiles or
+loads) and its phases:
 
 - ``cold``: empty ``VLLM_CACHE_ROOT``, empty store: vLLM compiles; plancache uploads.
-- ``warm``: the same node again: vLLM's own local cache.
-- ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact and the model info the
-  cold node shared, from a shared directory.
+- ``warm``: the same node again: vLLM's own local cache; what its load and warm-up added to
+  ``inductor_cache/`` is uploaded (a delta).
+- ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact, its additions and the
+  model info the nodes shared, from a shared directory.
 - ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1).
+
+Triton's cache (``tests/vllm/triton_node.py``, where the vLLM Python has Triton): real
+kernels compiled for a CUDA target on a cold node, the same node again, and a new node fed
+the shared cache; how many kernels each compiled.
 
 Also: what a hit adds to the critical path (fetch, verify and install of the real artifact)
 on a local directory, S3 and GCS, with 0 and 300 ms injected per request; and the peak memory
@@ -19,6 +26,7 @@ environment, or ``PLANCACHE_BENCH_VLLM_PYTHON``); without one it says so and is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -38,6 +46,9 @@ from tests.vllm.support import MODEL_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = REPO / "tests" / "vllm" / "compile_node.py"
+TRITON_NODE = REPO / "tests" / "vllm" / "triton_node.py"
+SIZES = ("--sizes", "16")
+"""The warm-up: one compile size past the first forward's dynamic shape."""
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
     r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s[^)]*\)"
@@ -66,21 +77,25 @@ def vllm_python() -> str | None:
 
 
 def _node(
-    python: str, model_dir: Path, root: Path, url: str, *args: str, **env: str
+    python: str, model_dir: Path | None, root: Path, url: str, *args: str, **env: str
 ) -> dict[str, Any]:
+    """One fresh process: a compile node (``model_dir``), else a Triton node."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("PLANCACHE_")}
     child.update(
         PYTHONPATH=str(REPO),
         PLANCACHE_URL=url,
         VLLM_CACHE_ROOT=str(root),
+        TRITON_CACHE_DIR=str(root / "triton"),
+        TRITON_DEFAULT_FP_FUSION="1",
         VLLM_TARGET_DEVICE="cpu",
         HF_HUB_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         **env,
     )
     start = time.perf_counter()
+    node = [str(NODE), "--model-dir", str(model_dir)] if model_dir else [str(TRITON_NODE)]
     out = subprocess.run(
-        [python, str(NODE), "--model-dir", str(model_dir), *args],
+        [python, *node, *args],
         env=child,
         cwd=REPO,
         capture_output=True,
@@ -111,35 +126,56 @@ def measure_boots(work: Path) -> dict[str, Any]:
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
     store = str(work / "store")
     cases: dict[str, dict[str, Any]] = {}
+    wait = ("--wait-upload", "120")
     print("  cold node (compiles) ...", flush=True)
-    cases["cold"] = _node(python, model_dir, work / "cold", store, "--wait-upload", "120")
+    cases["cold"] = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
     print("  warm node (vLLM's own cache) ...", flush=True)
-    cases["warm"] = _node(python, model_dir, work / "cold", store)
-    print("  new node, artifact from a local directory ...", flush=True)
-    cases["new node, local dir"] = _node(python, model_dir, work / "new-local", store)
+    cases["warm"] = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
+    print("  new node, from a local directory ...", flush=True)
+    cases["new node, local dir"] = _node(python, model_dir, work / "new-local", store, *SIZES)
     key = next((work / "cold" / AOT).iterdir())
     with servers.s3_server() as (url, options):
-        artifacts = ArtifactStore(Settings(url, storage_options=options), CompileSettings())
-        artifacts.upload(key, key.name, "rank_0_0")
         local, remote = open_store(store), open_store(url, **options)
-        for name in local.list_objects("model_info_"):  # what the cold node shared beside it
-            found = local.read_object(name, 1 << 20)
-            assert found is not None and remote.write_object(name, [found[0]])
-        print("  new node, artifact and model info from S3 (moto) ...", flush=True)
+        for prefix in ("compile_artifact_", "cache_", "model_info_"):  # everything shared
+            for name in local.list_objects(prefix):
+                opened = local.open_object(name)
+                assert opened is not None
+                with contextlib.closing(opened):
+                    chunks = iter(functools.partial(opened.read, 1 << 20), b"")
+                    assert remote.write_object(name, chunks)
+        print("  new node, from S3 (moto) ...", flush=True)
         cases["new node, S3"] = _node(
             python,
             model_dir,
             work / "new-s3",
             url,
+            *SIZES,
             PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
             PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
         )
-    cold = cases["cold"]
+    cold, warm = cases["cold"], cases["warm"]
     for case in cases.values():
         case["first_forward_saved_s"] = cold["first_forward_s"] - case["first_forward_s"]
         case["first_forward_ratio"] = case["first_forward_s"] / cold["first_forward_s"]
         case["process_saved_s"] = cold["process_s"] - case["process_s"]
+        case["process_x_warm"] = case["process_s"] / warm["process_s"]
     return {"python": python, "cases": cases, "artifact_dir": str(key)}
+
+
+def measure_triton(python: str, work: Path) -> dict[str, Any]:
+    """Triton's cache: cold node, the same node again, a new node fed the shared cache
+    (fresh processes, real kernels compiled for a CUDA target); kernels each compiled."""
+    found = subprocess.run(
+        [python, "-c", "import triton"], capture_output=True, text=True, timeout=120
+    )
+    if found.returncode != 0:
+        return {"skipped": "Triton is not installed beside vLLM"}
+    store = str(work / "triton-store")
+    out: dict[str, Any] = {}
+    for name, root in (("cold", "t-cold"), ("warm", "t-cold"), ("new node", "t-new")):
+        print(f"  Triton, {name} ...", flush=True)
+        out[name] = _node(python, None, work / root, store)
+    return out
 
 
 def measure_fetch(artifact: Path, work: Path, runs: int = 5) -> dict[str, Any]:
@@ -211,6 +247,8 @@ def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
 def measure(work: Path, memory_mib: int) -> dict[str, Any]:
     """Every figure of the module docstring."""
     results = measure_boots(work)
+    if "python" in results:
+        results["triton"] = measure_triton(results["python"], work)
     artifact = results.get("artifact_dir")
     if artifact:
         print("  a hit's critical-path cost, local / S3 / GCS, 0 and 300 ms ...", flush=True)
@@ -223,19 +261,19 @@ def measure(work: Path, memory_mib: int) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     """The boot table (first thing a reader sees), the fetch costs and the memory."""
     lines = [
-        "compile artifacts: real vLLM 0.33 compiles on this CPU (tiny model, fresh processes, "
-        "no simulation)",
-        f"  {'case':22s} {'first forward':>13s} {'saved':>8s} {'x cold':>7s} {'process':>9s} "
-        f"{'saved':>8s}  plancache",
+        "whole boot, cold vs warm vs new node: real vLLM 0.33 compiles on this CPU (tiny model, "
+        "fresh processes, no simulation)",
+        f"  {'case':22s} {'process':>9s} {'x warm':>7s} {'first forward':>13s} {'x cold':>7s} "
+        f"{'inductor files':>14s}  plancache",
     ]
     if "skipped" in results:
         lines[1:] = [f"  boots skipped: {results['skipped']}"]
     for name, c in results.get("cases", {}).items():
         fetched = "" if c["fetch_s"] is None else f" in {c['fetch_s']:.3f} s"
         lines.append(
-            f"  {name:22s} {c['first_forward_s']:11.2f} s {c['first_forward_saved_s']:6.1f} s "
-            f"{c['first_forward_ratio']:6.2f}x {c['process_s']:7.1f} s "
-            f"{c['process_saved_s']:6.1f} s  {c['plancache']}{fetched}"
+            f"  {name:22s} {c['process_s']:7.1f} s {c['process_x_warm']:6.2f}x "
+            f"{c['first_forward_s']:11.2f} s {c['first_forward_ratio']:6.2f}x "
+            f"{c['inductor_files']:14d}  {c['plancache']}{fetched}"
         )
     phases = {n: c["phases_s"] for n, c in results.get("cases", {}).items() if "phases_s" in c}
     if phases:
@@ -245,6 +283,17 @@ def table(results: dict[str, Any]) -> str:
                 f"    {phase:52s} "
                 + "  ".join(f"{n} {p.get(phase, float('nan')):.1f}" for n, p in phases.items())
             )
+    triton = results.get("triton", {})
+    if "skipped" in triton:
+        lines.append(f"  Triton's cache skipped: {triton['skipped']}")
+    elif triton:
+        lines.append(
+            "  Triton's cache (real kernels for sm_90, compiled on this CPU): "
+            + ", ".join(
+                f"{n} compiled {t['compiled']} of {t['kernels']} in {t['compile_s']:.1f} s"
+                for n, t in triton.items()
+            )
+        )
     fetch = results.get("fetch")
     if fetch:
         lines.append(
@@ -261,16 +310,16 @@ def table(results: dict[str, Any]) -> str:
 
 
 def plot_boots(ax: Any, results: dict[str, Any]) -> None:
-    """First-forward and whole-process seconds per case, on matplotlib axes ``ax``."""
+    """Whole-process and first-forward seconds per case, on matplotlib axes ``ax``."""
     names = list(results["cases"])
     first = [results["cases"][n]["first_forward_s"] for n in names]
     process = [results["cases"][n]["process_s"] for n in names]
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], first, 0.4, label="first forward (compile or load)")
-    ax.bar([x + 0.2 for x in xs], process, 0.4, label="whole process", alpha=0.6)
+    ax.bar([x - 0.2 for x in xs], process, 0.4, label="whole process (x warm)")
+    ax.bar([x + 0.2 for x in xs], first, 0.4, label="first forward (compile or load)", alpha=0.6)
     for x, n in zip(xs, names, strict=True):
-        ratio = results["cases"][n]["first_forward_ratio"]
-        ax.text(x - 0.2, first[x], f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
+        ratio = results["cases"][n]["process_x_warm"]
+        ax.text(x - 0.2, process[x], f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [n.replace(", ", "\n") for n in names], fontsize=8)
     ax.set_ylabel("seconds (this machine's CPU)")
     ax.set_title("vLLM compile: cold vs warm vs new node\n(artifact from a shared store; measured)")

@@ -29,8 +29,24 @@ CONFIGS = [(bm, bn, bk) for bm in (64, 128) for bn in (64, 128) for bk in (32, 6
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-@triton.jit
-def matmul(a, b, c, m, n, k, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # noqa: E501
+@triton.jit  # type: ignore[untyped-decorator]
+def matmul(  # type: ignore[no-untyped-def]
+    a,
+    b,
+    c,
+    m,
+    n,
+    k,
+    sam,
+    sak,
+    sbk,
+    sbn,
+    scm,
+    scn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)

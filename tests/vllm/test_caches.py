@@ -1,0 +1,86 @@
+"""The generated caches beyond the compile artifact, shared between fresh processes: Triton's
+cache (real kernels compiled for a CUDA target by Triton 3.9 on this CPU) and what a load and
+warm-up add to a compile artifact's ``inductor_cache/`` (real vLLM 0.33 on CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache import open_store
+from plancache.testing import child_env
+from tests.vllm import support
+from tests.vllm.support import HERE, MODEL_CONFIG, REPO, vllm_installed
+
+pytestmark = [
+    pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (tox -e vllm)"),
+    pytest.mark.timeout(900),
+]
+
+
+def _run(script: str, root: Path, store: Path, *args: str) -> tuple[dict[str, Any], str]:
+    env = child_env(
+        [REPO],
+        PLANCACHE_URL=str(store),
+        VLLM_CACHE_ROOT=str(root),
+        TRITON_CACHE_DIR=str(root / "triton"),
+        TRITON_DEFAULT_FP_FUSION="1",
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / script), *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    [(code, report, log)] = list(support.outcomes(proc, timeout=400))
+    assert code == 0, log[-4000:]
+    return report, log
+
+
+def test_a_new_node_compiles_no_triton_kernel_a_warm_node_would_not(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    store = tmp_path / "store"
+    cold, _ = _run("triton_node.py", tmp_path / "cold", store, "--kernels", "3")
+    assert cold["compiled"] == 3
+    warm, _ = _run("triton_node.py", tmp_path / "cold", store, "--kernels", "3")
+    assert warm["compiled"] == 0
+    bundles = list(open_store(str(store)).list_objects("cache_triton_"))
+    assert len(bundles) == 1  # the warm node added nothing: nothing written
+    new, log = _run("triton_node.py", tmp_path / "new", store, "--kernels", "4")
+    assert new["compiled"] == 1, log[-3000:]  # the three shared load; the fourth is new
+    assert "triton cache: hit, 1 bundles" in log
+    assert len(list(open_store(str(store)).list_objects("cache_triton_"))) == 2  # its delta
+    third, log = _run("triton_node.py", tmp_path / "third", store, "--kernels", "4")
+    assert third["compiled"] == 0, log[-3000:]
+
+
+def test_what_a_load_and_warm_up_add_to_inductor_cache_reaches_new_nodes(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    store = tmp_path / "store"
+    args = ("--model-dir", str(model), "--wait-upload", "120", "--sizes", "16")
+    cold, log = _run("compile_node.py", tmp_path / "cold", store, *args)
+    assert cold["aot_compiles"] == 1, log[-3000:]
+    warm, log = _run("compile_node.py", tmp_path / "cold", store, *args)
+    assert warm["loaded_from_disk"], log[-3000:]
+    added = warm["inductor_files"] - cold["inductor_files"]
+    assert added > 0, log[-3000:]  # vLLM added files after it saved the artifact
+    assert f"warm-up additions ({added} files) stored: store=created" in log
+    new, log = _run("compile_node.py", tmp_path / "new", store, *args)
+    assert new["loaded_from_disk"] and new["equal_eager"], log[-3000:]
+    assert f"warm-up additions: hit, 1 bundles, {added} files installed" in log
+    assert new["inductor_files"] == warm["inductor_files"]
+    assert "additions" not in log.split("installed", 1)[1]  # it added nothing to store
