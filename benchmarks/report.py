@@ -220,6 +220,19 @@ def savings(results: dict[str, Any]) -> list[Row]:
     if "cases" not in compiled:
         why = compiled.get("skipped") or _why_missing(results, "compile")
         rows.append(Row("whole boot: new node, store", why, measured=False))
+    triton = compiled.get("triton", {})
+    if "new node" in triton:
+        cold, new = triton["cold"], triton["new node"]
+        rows.append(
+            Row(
+                "Triton kernels: new node, store: local directory",
+                f"compiled {new['compiled']} of {new['kernels']} ({new['compile_s']:.1f} s) vs "
+                f"{cold['compiled']} cold ({cold['compile_s']:.1f} s; real Triton, sm_90 target)",
+                cold["compile_s"] - new["compile_s"],
+            )
+        )
+    elif "skipped" in triton:
+        rows.append(Row("Triton kernels: new node", triton["skipped"], measured=False))
     fleet = results.get("fleet")
     if fleet:
         labels = {

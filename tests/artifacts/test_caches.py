@@ -263,3 +263,28 @@ def test_the_inventory_lists_verifies_and_prunes_bundles(tmp_path: Path) -> None
     assert kept.deleted == [] and (store / name).exists()
     gone = inventory.prune(layer, 3600, now=time.time() + 7200, kind=inventory.CACHES)
     assert gone.deleted == [name] and not (store / name).exists()
+
+
+def test_flashinfer_autotune_files_as_vllm_writes_them(tmp_path: Path) -> None:
+    """``<root>/<config hash>/autotune_configs_dp<d>_rank<r>.json``, written by vLLM's
+    ``write_flashinfer_autotune_cache`` (temp ``.<name>.<rand>.tmp`` + rename): the temp
+    file of a writer killed mid-way is never shared, each rank's file is."""
+    scope = fingerprint({"cache": "flashinfer_autotune", "flashinfer": "0.6.1", "device": "x"})
+    root = tmp_path / "producer" / "flashinfer_autotune_cache" / "0.6.1" / "90a"
+    config = root / ("c" * 64)
+    config.mkdir(parents=True)
+    for rank in (0, 1):
+        (config / f"autotune_configs_dp0_rank{rank}.json").write_bytes(b'{"tactics": {}}')
+    (config / ".autotune_configs_dp0_rank1.json.ab12.tmp").write_bytes(b'{"tac')
+    store = str(tmp_path / "store")
+    assert _store(store).upload_cache("flashinfer_autotune", scope, root, frozenset())[0] == 2
+    node = tmp_path / "node" / "0.6.1" / "90a"
+    (node / ("c" * 64)).mkdir(parents=True)
+    (node / ("c" * 64) / "autotune_configs_dp0_rank0.json").write_bytes(b"its own")
+    got = _store(store).fetch_cache("flashinfer_autotune", scope, node)
+    assert (got.reason, got.installed) == ("hit", 1)
+    assert (node / ("c" * 64) / "autotune_configs_dp0_rank0.json").read_bytes() == b"its own"
+    assert sorted(p.name for p in (node / ("c" * 64)).iterdir()) == [
+        "autotune_configs_dp0_rank0.json",
+        "autotune_configs_dp0_rank1.json",
+    ]
