@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -70,6 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernels", type=int, default=len(CONFIGS))
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # plancache's lines
     from plancache.integrations.vllm import caches, compile
 
     root = Path(os.environ["TRITON_CACHE_DIR"])
