@@ -10,8 +10,15 @@ loads) and its phases:
 - ``warm``: the same node again: vLLM's own local cache; what its load and warm-up added to
   ``inductor_cache/`` is uploaded (a delta).
 - ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact, its additions and the
-  model info the nodes shared, from a shared directory.
-- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1).
+  model info the nodes shared, from a shared directory (the median of ``RUNS`` nodes).
+- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1; the
+  median of ``RUNS`` nodes).
+
+The real ``Worker`` path to ready (``tests/vllm/real_worker.py``: vLLM 0.33's own ``Worker``
+and engine config, the GPU's memory counters and the model runner faked): a cold node (it
+profiles, vLLM inspects the model class), the same node again, and a new node fed the plan
+and the model info through a shared directory; process start to ``compile_or_warm_up_model``
+returned.
 
 Triton's cache (``tests/vllm/triton_node.py``, where the vLLM Python has Triton): real
 kernels compiled for a CUDA target on a cold node, the same node again, and a new node fed
@@ -35,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +55,11 @@ from tests.vllm.support import MODEL_CONFIG
 REPO = Path(__file__).resolve().parent.parent
 NODE = REPO / "tests" / "vllm" / "compile_node.py"
 TRITON_NODE = REPO / "tests" / "vllm" / "triton_node.py"
+WORKER = REPO / "tests" / "vllm" / "real_worker.py"
 SIZES = ("--sizes", "16")
+RUNS = 3
+"""Fresh new nodes per store; the table shows the median one (a boot here varies by a
+second or two with what else the machine does)."""
 """The warm-up: one compile size past the first forward's dynamic shape."""
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
@@ -79,7 +91,8 @@ def vllm_python() -> str | None:
 def _node(
     python: str, model_dir: Path | None, root: Path, url: str, *args: str, **env: str
 ) -> dict[str, Any]:
-    """One fresh process: a compile node (``model_dir``), else a Triton node."""
+    """One fresh process: a compile node (``model_dir``), else the script ``args[0]``
+    names with the rest of ``args``."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("PLANCACHE_")}
     child.update(
         PYTHONPATH=str(REPO),
@@ -93,7 +106,7 @@ def _node(
         **env,
     )
     start = time.perf_counter()
-    node = [str(NODE), "--model-dir", str(model_dir)] if model_dir else [str(TRITON_NODE)]
+    node = [str(NODE), "--model-dir", str(model_dir)] if model_dir else []
     out = subprocess.run(
         [python, *node, *args],
         env=child,
@@ -132,7 +145,9 @@ def measure_boots(work: Path) -> dict[str, Any]:
     print("  warm node (vLLM's own cache) ...", flush=True)
     cases["warm"] = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
     print("  new node, from a local directory ...", flush=True)
-    cases["new node, local dir"] = _node(python, model_dir, work / "new-local", store, *SIZES)
+    cases["new node, local dir"] = _median(
+        _node(python, model_dir, work / f"new-local-{i}", store, *SIZES) for i in range(RUNS)
+    )
     key = next((work / "cold" / AOT).iterdir())
     with servers.s3_server() as (url, options):
         local, remote = open_store(store), open_store(url, **options)
@@ -144,14 +159,17 @@ def measure_boots(work: Path) -> dict[str, Any]:
                     chunks = iter(functools.partial(opened.read, 1 << 20), b"")
                     assert remote.write_object(name, chunks)
         print("  new node, from S3 (moto) ...", flush=True)
-        cases["new node, S3"] = _node(
-            python,
-            model_dir,
-            work / "new-s3",
-            url,
-            *SIZES,
-            PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
-            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+        cases["new node, S3"] = _median(
+            _node(
+                python,
+                model_dir,
+                work / f"new-s3-{i}",
+                url,
+                *SIZES,
+                PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
+                PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+            )
+            for i in range(RUNS)
         )
     cold, warm = cases["cold"], cases["warm"]
     for case in cases.values():
@@ -160,6 +178,15 @@ def measure_boots(work: Path) -> dict[str, Any]:
         case["process_saved_s"] = cold["process_s"] - case["process_s"]
         case["process_x_warm"] = case["process_s"] / warm["process_s"]
     return {"python": python, "cases": cases, "artifact_dir": str(key)}
+
+
+def _median(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The report of the median whole process among ``reports`` (each a fresh node), with
+    every run's ``process_runs_s``."""
+    ordered = sorted(reports, key=lambda r: r["process_s"])
+    median = dict(ordered[len(ordered) // 2])
+    median["process_runs_s"] = [r["process_s"] for r in ordered]
+    return median
 
 
 def measure_triton(python: str, work: Path) -> dict[str, Any]:
@@ -174,7 +201,31 @@ def measure_triton(python: str, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, root in (("cold", "t-cold"), ("warm", "t-cold"), ("new node", "t-new")):
         print(f"  Triton, {name} ...", flush=True)
-        out[name] = _node(python, None, work / root, store)
+        out[name] = _node(python, None, work / root, store, str(TRITON_NODE))
+    return out
+
+
+def measure_worker(python: str, work: Path, model_dir: Path) -> dict[str, Any]:
+    """The real ``Worker`` path to ready: cold, warm, new node (see the module docstring)."""
+    store = str(work / "worker-store")
+    out: dict[str, Any] = {}
+    for name, root in (("cold", "w-cold"), ("warm", "w-cold"), ("new node", "w-new")):
+        print(f"  real Worker to ready, {name} ...", flush=True)
+        report = _node(
+            python,
+            None,
+            work / root,
+            store,
+            str(WORKER),
+            "--model-dir",
+            str(model_dir),
+            GLOO_SOCKET_IFNAME="lo",
+        )
+        out[name] = {
+            "ready_s": report["times"]["ready"],
+            "engine_config_s": report["times"]["engine_config"],
+            "mode": report["mode"],
+        }
     return out
 
 
@@ -208,6 +259,48 @@ def measure_fetch(artifact: Path, work: Path, runs: int = 5) -> dict[str, Any]:
                     assert fetched.reason == "hit", fetched
                     seconds.append(fetched.seconds)
                 out[f"{name} +{int(delay * 1000)} ms"] = statistics.median(seconds)
+    return out
+
+
+def measure_miss(work: Path, runs: int = 3) -> dict[str, Any]:
+    """What a miss costs per kind on an empty store (median of ``runs``, in seconds), per
+    store and injected latency: model info (on the engine config's path), the artifact and
+    its additions (the prefetch, while the model loads; the first forward joins it) and
+    Triton's cache (in the background, joined by nothing)."""
+    out: dict[str, Any] = {}
+    key, scope = "0" * 64, "1" * 64
+    for delay in (0.0, 0.3):
+        with contextlib.ExitStack() as stack:
+            specs: dict[str, Any] = {
+                "s3": stack.enter_context(
+                    servers.with_latency(stack.enter_context(servers.s3_server()), delay)
+                ),
+            }
+            if not delay:
+                specs["local"] = (str(work / "miss-store"), {})
+            for name, (url, options) in specs.items():
+                artifacts = ArtifactStore(
+                    Settings(url, storage_options=options), CompileSettings(trust_unsigned=True)
+                )
+                kinds: dict[str, list[float]] = {}
+                for i in range(runs):
+                    root = work / f"miss-{name}-{delay}-{i}"
+                    info = artifacts.fetch_model_info(
+                        "model_info_" + key + ".json", key, root / "m"
+                    )
+                    kinds.setdefault("model info", []).append(info.seconds)
+                    artifact = artifacts.fetch(root / key, key, "rank_0_0")
+                    additions = artifacts.fetch_cache("inductor", key, root / key / "inductor")
+                    kinds.setdefault("artifact + additions", []).append(
+                        artifact.seconds + additions.seconds
+                    )
+                    triton = artifacts.fetch_cache("triton", scope, root / "triton")
+                    kinds.setdefault("triton", []).append(triton.seconds)
+                    assert {info.reason, artifact.reason, additions.reason} == {"miss"}
+                out[f"{name} +{int(delay * 1000)} ms"] = {
+                    k: statistics.median(v) for k, v in kinds.items()
+                }
+                artifacts.close()
     return out
 
 
@@ -248,11 +341,14 @@ def measure(work: Path, memory_mib: int) -> dict[str, Any]:
     """Every figure of the module docstring."""
     results = measure_boots(work)
     if "python" in results:
+        results["worker"] = measure_worker(results["python"], work, work / "model")
         results["triton"] = measure_triton(results["python"], work)
     artifact = results.get("artifact_dir")
     if artifact:
         print("  a hit's critical-path cost, local / S3 / GCS, 0 and 300 ms ...", flush=True)
         results["fetch"] = measure_fetch(Path(artifact), work)
+        print("  a miss's cost per kind, local / S3, 0 and 300 ms ...", flush=True)
+        results["miss"] = measure_miss(work)
     print(f"  peak memory with a {memory_mib} MiB artifact ...", flush=True)
     results["memory"] = measure_memory(work, memory_mib)
     return results
@@ -283,6 +379,26 @@ def table(results: dict[str, Any]) -> str:
                 f"    {phase:52s} "
                 + "  ".join(f"{n} {p.get(phase, float('nan')):.1f}" for n, p in phases.items())
             )
+    runs = {
+        n: c["process_runs_s"] for n, c in results.get("cases", {}).items() if "process_runs_s" in c
+    }
+    if runs:
+        lines.append(
+            f"  new nodes: the median of {RUNS} fresh nodes each; their processes: "
+            + "; ".join(
+                f"{n} " + " / ".join(f"{r:.1f}" for r in rs) + " s" for n, rs in runs.items()
+            )
+        )
+    worker = results.get("worker", {})
+    if worker:
+        lines.append(
+            "  the real Worker path to ready (vLLM's Worker and engine config; GPU counters and "
+            "model runner faked): "
+            + ", ".join(
+                f"{n} {w['ready_s']:.1f} s ({w['mode']}, config {w['engine_config_s']:.1f} s)"
+                for n, w in worker.items()
+            )
+        )
     triton = results.get("triton", {})
     if "skipped" in triton:
         lines.append(f"  Triton's cache skipped: {triton['skipped']}")
@@ -299,6 +415,11 @@ def table(results: dict[str, Any]) -> str:
         lines.append(
             "  a hit's fetch + verify + install (median): "
             + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in fetch.items())
+        )
+    for where, kinds in results.get("miss", {}).items():
+        lines.append(
+            f"  a miss on an empty store, {where}: "
+            + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in kinds.items())
         )
     for name, m in results.get("memory", {}).items():
         lines.append(

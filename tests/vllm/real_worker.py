@@ -34,6 +34,8 @@ from typing import Any
 
 from plancache._units import GiB
 
+START = time.perf_counter()
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -126,7 +128,9 @@ def main() -> None:
         distributed_executor_backend="mp" if args.world_size > 1 else None,
         kv_cache_memory_bytes=args.kv_bytes,
     )
+    configured = time.perf_counter()
     cfg = ea.create_engine_config()
+    configured = time.perf_counter() - configured
     cfg.device_config.device_type = "cuda"  # init_device only supports "cuda"
     if args.graphs:
         from vllm.config import CUDAGraphMode
@@ -261,6 +265,8 @@ def main() -> None:
         s = time.perf_counter()
         worker.compile_or_warm_up_model()
         t["warmup"] = time.perf_counter() - s
+        t["ready"] = time.perf_counter() - START  # process start to a ready worker
+        t["engine_config"] = configured
         from vllm.distributed.parallel_state import get_world_group
 
         wg = get_world_group()
