@@ -116,8 +116,8 @@ def _node(
         timeout=900,
     )
     wall = time.perf_counter() - start
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:  # vLLM's log lines share stdout with the report
         raise RuntimeError(f"node failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     report: dict[str, Any] = json.loads(lines[-1])
     report["wall_s"] = wall
