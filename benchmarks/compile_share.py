@@ -116,10 +116,16 @@ def _node(
         timeout=900,
     )
     wall = time.perf_counter() - start
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:  # vLLM's log lines share stdout with the report
-        raise RuntimeError(f"node failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    report: dict[str, Any] = json.loads(lines[-1])
+    report: dict[str, Any] | None = None
+    for line in reversed(out.stdout.splitlines()):  # vLLM's log lines share stdout with it
+        with contextlib.suppress(ValueError):
+            report = json.loads(line) if line.startswith("{") else None
+        if isinstance(report, dict):
+            break
+    if out.returncode != 0 or not isinstance(report, dict):
+        raise RuntimeError(
+            f"node failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+        )
     report["wall_s"] = wall
     fetches = FETCH.findall(out.stdout + out.stderr)
     report["plancache"] = fetches[-1][1] if fetches else "-"

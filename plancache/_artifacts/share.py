@@ -39,11 +39,14 @@ import functools
 import hashlib
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from plancache import _background as background
 from plancache._artifacts import modelinfo
@@ -69,7 +72,7 @@ from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
 from plancache._background import Job
 from plancache._config import Settings, is_remote
-from plancache._objects import ObjectLayer, Opened
+from plancache._objects import ObjectLayer, Opened, Update
 from plancache._observation import Observation
 from plancache._parse import parse_bool, parse_timeout
 from plancache._probe import StoreVerdict
@@ -214,6 +217,46 @@ def _read_at_most(reader: Readable, limit: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+CLAIM_SUFFIX = ".claim"
+CLAIM_BASE_S = 120.0
+CLAIM_BYTES_PER_S = float(1 << 20)
+"""A claim lasts ``CLAIM_BASE_S`` plus the object's size at this rate (a slow uplink)."""
+
+
+def claim(layer: ObjectLayer, name: str, size: int, now: float | None = None) -> object | None:
+    """Claim the upload of ``name`` on ``layer``: the object ``<name>.claim`` created, or
+    taken over once expired (compare-and-swap on the version read), holding its expiry. The
+    claim's version, or None where another node holds a live claim. A node that dies while
+    uploading blocks the others only until its claim expires."""
+    now = time.time() if now is None else now
+    body = orjson.dumps(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "until": now + CLAIM_BASE_S + size / CLAIM_BYTES_PER_S,
+        }
+    )
+    claimed = name + CLAIM_SUFFIX
+    for _ in range(2):  # create; else take over an expired claim (once)
+        if layer.write_object(claimed, [body]):
+            found = layer.read_object(claimed, 4096)
+            return None if found is None or found[0] != body else found[1]
+        found = layer.read_object(claimed, 4096)
+        if found is None:
+            continue  # released meanwhile: try to create it again
+        try:
+            until = float(orjson.loads(found[0])["until"])
+        except (ValueError, KeyError, TypeError):
+            until = 0.0  # not a claim this reads: expired
+        if until > now:
+            return None
+        if layer.write_object(claimed, [body], Update(found[1])):
+            taken = layer.read_object(claimed, 4096)
+            return None if taken is None or taken[0] != body else taken[1]
+        return None
+    return None
 
 
 class ArtifactStore:
@@ -497,16 +540,13 @@ class ArtifactStore:
         files = scan_cache(root, known, max_bytes=self.compile.max_bytes)
         out: dict[str, bool] = {}
         for label, layer in self._destinations() if files else ():
-            manifest, chunks = pack_cache(
-                root, kind, scope, files, keyring=self.keyring, producer=producer
-            )
+
+            def packed() -> tuple[Manifest, Iterator[bytes]]:
+                return pack_cache(root, kind, scope, files, keyring=self.keyring, producer=producer)
+
+            name = packed()[0].name  # named by its content: another node may have added it
             try:
-                there = layer.open_object(manifest.name)  # another node added the same files
-                if there is not None:
-                    there.close()
-                    out[label] = False
-                    continue
-                out[label] = layer.write_object(manifest.name, chunks)
+                out[label] = self._write_once(label, layer, name, packed)
             except PlanStoreError as exc:
                 log.warning("plancache: %s cache: not written to the %s: %s", kind, label, exc)
         return len(files), out
@@ -559,17 +599,20 @@ class ArtifactStore:
         already). Raises ``ArtifactError``, or ``PlanStoreError`` from the local tier."""
         out: dict[str, bool] = {}
         for label, layer in self._destinations():
-            manifest, chunks = pack(
-                root,
-                key,
-                rank,
-                keyring=self.keyring,
-                labels=labels,
-                producer=producer,
-                max_bytes=self.compile.max_bytes,
-            )
+
+            def packed() -> tuple[Manifest, Iterator[bytes]]:
+                return pack(
+                    root,
+                    key,
+                    rank,
+                    keyring=self.keyring,
+                    labels=labels,
+                    producer=producer,
+                    max_bytes=self.compile.max_bytes,
+                )
+
             try:
-                out[label] = layer.write_object(manifest.name, chunks)
+                out[label] = self._write_once(label, layer, object_name(key, rank), packed)
             except PlanStoreReadOnlyError as exc:
                 log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
             except PlanStoreError as exc:
@@ -577,6 +620,33 @@ class ArtifactStore:
                     raise
                 log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
         return out
+
+    def _write_once(
+        self,
+        label: str,
+        layer: ObjectLayer,
+        name: str,
+        packed: Callable[[], tuple[Manifest, Iterator[bytes]]],
+    ) -> bool:
+        """Write object ``name`` (``packed()``: its manifest and stream) create-if-absent,
+        looking first: False, with nothing streamed, where it is stored already or (on the
+        store) another node holds the claim to upload it (see ``claim``)."""
+        there = layer.open_object(name)
+        if there is not None:
+            there.close()
+            return False
+        manifest, chunks = packed()
+        if label == "local-tier":
+            return layer.write_object(name, chunks)
+        held = claim(layer, name, manifest.total_size)
+        if held is None:
+            log.info("plancache: %s: another node is uploading it; not uploaded here", name)
+            return False
+        try:
+            return layer.write_object(name, chunks)
+        finally:
+            with contextlib.suppress(Exception):  # expires on its own
+                layer.delete_object(name + CLAIM_SUFFIX, held)
 
     def retract(self, key: str, rank: str, digest: str) -> list[str]:
         """Delete the stored artifact of (key, rank) where it is the one whose manifest has

@@ -383,11 +383,12 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _HTTPService(_Server):
     """An HTTP server in a thread: ``handle`` answers each request; ``requests`` lists the
-    ``(method, path)`` of each, in order of arrival."""
+    ``(method, path)`` of each, in order of arrival, ``received_bytes`` their bodies' bytes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
+        self._received = 0
 
     def start(self) -> None:
         self._httpd = _HTTPServer((HOST, 0), _Handler)
@@ -406,15 +407,22 @@ class _HTTPService(_Server):
         with self._lock:
             return list(self._requests)
 
+    @property
+    def received_bytes(self) -> int:
+        with self._lock:
+            return self._received
+
     def reset(self) -> None:
         """Forget the requests recorded so far."""
         with self._lock:
             self._requests.clear()
+            self._received = 0
 
     def answer(self, h: _Handler) -> None:
         body = h.read_body()
         with self._lock:
             self._requests.append((h.command, h.path))
+            self._received += len(body)
         self.handle(h, body)
 
     def handle(self, h: _Handler, body: bytes) -> None:
