@@ -3,7 +3,9 @@
 Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the time budget
 (default 2 s) plus, where no idle thread is at hand, a thread's start-up: store I/O runs on a
 daemon thread (``plancache._background``) that the caller stops waiting for at the deadline.
-Past it, or on any doubt, the answer is a miss and the boot profiles as usual. Every decision
+Past it, or on any doubt, the answer is a miss and the boot profiles as usual. A record that
+outlives its budget goes on in the background, and the process's exit waits for it at most
+``RECORD_EXIT_WAIT_S`` in all: no observation is lost to a slow store. Every decision
 is logged on ``logging.getLogger("plancache")``. Signatures are the store's
 (``PlanStore.keyring``): where it holds keys, a record without a valid signature is never
 applied (``invalid:signature``), and ``record`` signs what it writes.
@@ -11,8 +13,10 @@ applied (``invalid:signature``), and ``record`` signs what it writes.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 from plancache import _background as background
 from plancache._backends.lazy import LazyStore
 from plancache._background import Job, JobTimeout
-from plancache._defaults import DEFAULT_BUDGET_S
+from plancache._defaults import DEFAULT_BUDGET_S, RECORD_EXIT_WAIT_S
 from plancache._gate import Budget, gate
 from plancache._keys import Scalar, fingerprint
 from plancache._observation import Observation
@@ -83,6 +87,39 @@ def _bounded(fn: Callable[[], T], timeout: float) -> T:
     """Run ``fn`` on a daemon thread (``background.start``); its result, its exception, or
     ``JobTimeout``."""
     return background.start(fn).wait(timeout)
+
+
+_late: list[tuple[Job[PutOutcome], str]] = []
+_late_lock = threading.Lock()
+
+
+def _finish_at_exit(job: Job[PutOutcome], fp: str) -> None:
+    """Let ``job`` (a record past its budget) finish before the process exits, bounded."""
+    with _late_lock:
+        if not _late:
+            atexit.register(_wait_for_late, RECORD_EXIT_WAIT_S)
+        _late.append((job, fp))
+
+
+def _wait_for_late(bound: float) -> None:
+    """Join the records still running, ``bound`` seconds in all; log each one's end."""
+    deadline = time.monotonic() + bound
+    with _late_lock:
+        late = list(_late)
+    for job, fp in late:
+        if job.join(max(0.0, deadline - time.monotonic())):
+            try:
+                log.info(
+                    "plancache: record %s fp=%s (after its budget)", job.wait(0).value, _short(fp)
+                )
+            except Exception as exc:
+                log.warning("plancache: record fp=%s failed after its budget: %s", _short(fp), exc)
+        else:
+            log.warning(
+                "plancache: record fp=%s still running at exit after %.0f s: lost",
+                _short(fp),
+                bound,
+            )
 
 
 def _describe(exc: BaseException) -> tuple[Reason, str]:
@@ -255,8 +292,13 @@ class PlanCache:
             reason, detail = Reason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
+            job = background.start(lambda: self._store.put(plan), "plancache-record")
             try:
-                reason = outcome = _bounded(lambda: self._store.put(plan), self.timeout)
+                reason = outcome = job.wait(self.timeout)
+            except JobTimeout as exc:
+                _finish_at_exit(job, fp)
+                reason, detail = _describe(exc)
+                detail += " (it goes on; the exit waits for it)"
             except Exception as exc:
                 failure, detail = _describe(exc)
                 reason = failure if failure in RECORD_FAILURES else Reason.ERROR

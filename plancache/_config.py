@@ -209,6 +209,7 @@ class Settings:
                     self.storage_options,
                     self.local_dir,
                     trust=self.trust_preconditions,
+                    writable=not self.read_only,
                 ),
             )
         else:

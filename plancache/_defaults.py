@@ -14,6 +14,10 @@ Longer than the record budget on purpose: a boot never waits for its save (the p
 in a daemon thread, and ``PlanCache.record`` stops waiting at its budget), and an observation
 given up is lost to the fleet. Measured: 64 writers racing on one key of a moto S3 server on
 2 cores need up to 3 s."""
+RECORD_EXIT_WAIT_S = 10.0
+"""Seconds a process's exit waits, in all, for records still being written past their
+budget (on a slow store a short-lived process would otherwise take its observation with it;
+the wait is bounded like compile uploads')."""
 MAX_SECONDS = 600.0
 """Largest time bound a setting or storage option may give (a larger one is a mistake that
 would make every call fail or hang)."""

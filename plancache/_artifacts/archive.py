@@ -300,7 +300,7 @@ def _decompressing(source: Readable) -> _Stream:
     except ImportError:
         raise UnreadableHereError(
             "artifact is zstd-compressed and zstandard is not installed here "
-            "(pip install 'plancache[zstd]')"
+            "(a dependency of plancache since 0.4.0: pip install 'zstandard>=0.22')"
         ) from None
     reader = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], raw))  # reads by read()
     return _Stream(_Unzstd(reader, zstandard.ZstdError))
@@ -358,14 +358,21 @@ def install(
     *,
     accept: Callable[[Manifest], str | None],
     max_bytes: int = DEFAULT_MAX_BYTES,
+    progress: Callable[[int], None] | None = None,
+    proceed: Callable[[], bool] = lambda: True,
 ) -> Manifest | None:
     """Verify the artifact stream ``source`` and install it into ``target`` (vLLM's ``<key>``
     directory), as the module docstring says. ``accept(manifest)`` returns None to go on, or
     the reason to refuse it (trust). Returns the manifest installed, or None when the rank
     directory was already there (another process installed or compiled it: kept). Raises
-    ``ArtifactError`` (nothing installed) for anything else."""
-    with _verified(source, target, (COMPILE, key, rank), accept, max_bytes) as (manifest, temp):
+    ``ArtifactError`` (nothing installed) for anything else: among them what ``progress``
+    (called with each chunk's size as the files are extracted) raises, and ``proceed()``
+    False once every file is verified (the caller stopped waiting for it)."""
+    expected = (COMPILE, key, rank)
+    with _verified(source, target, expected, accept, max_bytes, progress) as (manifest, temp):
         (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
+        if not proceed():
+            raise ArtifactError("the boot stopped waiting for it: not installed")
         return manifest if _move_in(temp, target, manifest) else None
 
 
@@ -433,6 +440,7 @@ def _verified(
     expected: tuple[str, str, str],
     accept: Callable[[Manifest], str | None],
     max_bytes: int,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Manifest, Path]]:
     """The manifest of ``source`` (its (kind, key, rank) ``expected``; accepted) and a temp
     directory below ``target`` holding every file it lists, verified; removed afterwards."""
@@ -448,7 +456,7 @@ def _verified(
     temp.mkdir(mode=0o700)
     try:
         for entry in manifest.files:
-            _extract(stream, temp, entry)
+            _extract(stream, temp, entry, progress)
         if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
             raise ArtifactError("artifact archive holds more than its manifest lists")
         yield manifest, temp
@@ -490,7 +498,9 @@ def compile_cache(vllm_cache_root: Path) -> Path:
     return vllm_cache_root / "torch_compile_cache" / "torch_aot_compile"
 
 
-def _extract(stream: _Stream, temp: Path, entry: FileEntry) -> None:
+def _extract(
+    stream: _Stream, temp: Path, entry: FileEntry, progress: Callable[[int], None] | None
+) -> None:
     info = _member(stream)
     if info.name != entry.path or info.size != entry.size:
         raise ArtifactError(f"artifact member {info.name!r:.60} is not the manifest's next file")
@@ -504,6 +514,8 @@ def _extract(stream: _Stream, temp: Path, entry: FileEntry) -> None:
             h.update(chunk)
             f.write(chunk)
             left -= len(chunk)
+            if progress is not None:
+                progress(len(chunk))
         os.fchmod(f.fileno(), entry.mode)
     if h.hexdigest() != entry.sha256:
         raise ArtifactError(f"{entry.path}: content does not match its digest (tampered)")

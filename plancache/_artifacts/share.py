@@ -144,8 +144,8 @@ def as_observation(manifest: Manifest) -> Observation:
 @dataclass
 class Fetched:
     """What a fetch did: ``manifest`` installed (None: nothing), from ``source``, the reason
-    (``hit``, ``miss``, ``present``, ``untrusted``, ``invalid``, ``store-error``, ``timeout``)
-    and the seconds it took."""
+    (``hit``, ``miss``, ``present``, ``untrusted``, ``invalid``, ``store-error``, ``timeout``,
+    ``slow``: it could not beat compiling) and the seconds it took."""
 
     reason: str
     manifest: Manifest | None = None
@@ -167,15 +167,58 @@ class CacheFetched:
 
 
 class _Deadline:
-    """A reader that raises ``ArtifactError`` once ``deadline`` (monotonic) has passed."""
+    """A reader that raises ``ArtifactError`` once ``deadline`` (monotonic) has passed or
+    ``cancelled()`` says the caller stopped waiting."""
 
-    def __init__(self, inner: Readable, deadline: float) -> None:
-        self.inner, self.deadline = inner, deadline
+    def __init__(
+        self, inner: Readable, deadline: float, cancelled: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.inner, self.deadline, self.cancelled = inner, deadline, cancelled
 
     def read(self, n: int, /) -> bytes:
         if time.monotonic() > self.deadline:
             raise ArtifactError("fetch timed out")
+        if self.cancelled():
+            raise ArtifactError("the boot stopped waiting for it")
         return self.inner.read(n)
+
+
+MIN_PACE_S = 1.0
+"""Seconds a fetch streams before its pace may give it up (a rate needs a sample)."""
+
+
+class _Pace:
+    """A fetch's pace against the producer's compile time (``compile_s`` in the manifest's
+    producer, where it is recorded): ``update`` raises ``ArtifactError`` once the time
+    spent so far plus the rest at the rate seen cannot beat compiling."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.total, self.done = start, 0, 0
+        self.budget: float | None = None
+
+    def watching(self, judge: Callable[[Manifest], str | None]) -> Callable[[Manifest], str | None]:
+        """``judge``, taking the manifest's size and compile time first."""
+
+        def accept(manifest: Manifest) -> str | None:
+            cost = manifest.producer.get("compile_s")
+            self.total, self.budget = manifest.total_size, None
+            if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost > 0:
+                self.budget = float(cost)
+            return judge(manifest)
+
+        return accept
+
+    def update(self, n: int) -> None:
+        self.done += n
+        elapsed = time.monotonic() - self.start
+        if self.budget is None or elapsed < MIN_PACE_S:
+            return
+        projected = elapsed * self.total / self.done
+        if projected > self.budget:
+            raise ArtifactError(
+                f"slower than compiling: {projected:.1f} s at the rate seen, against "
+                f"{self.budget:.1f} s the producer took to compile"
+            )
 
 
 _warned: set[str] = set()
@@ -315,13 +358,24 @@ class ArtifactStore:
         return None
 
     def fetch(
-        self, target: Path, key: str, rank: str, avoid: frozenset[str] = frozenset()
+        self,
+        target: Path,
+        key: str,
+        rank: str,
+        avoid: frozenset[str] = frozenset(),
+        *,
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> Fetched:
         """Install the artifact of (key, rank) into ``target`` (vLLM's ``<key>`` directory)
         from the first source that holds a trusted, valid one; first removes what killed
-        installs left in ``target`` (``remove_partial_installs``). Never raises."""
+        installs left in ``target`` (``remove_partial_installs``). Gives up (``slow``) as
+        soon as the stream cannot beat the producer's compile time, at ``deadline``
+        (monotonic; default: the fetch bound from now; ``timeout``), and once
+        ``cancelled()`` (nothing is installed after the caller stopped waiting). Never
+        raises."""
         start = time.monotonic()
-        deadline = start + self.compile.fetch_timeout
+        deadline = start + self.compile.fetch_timeout if deadline is None else deadline
         name = object_name(key, rank)
         result = Fetched("miss")
         with contextlib.suppress(OSError):
@@ -332,27 +386,40 @@ class ArtifactStore:
                 result = Fetched("untrusted", source=label)
                 continue  # not even downloaded
             opened: Opened | None = None
+            pace = _Pace(start)
             try:
                 opened = layer.open_object(name)
                 if opened is None:
                     continue
+                judge = functools.partial(
+                    self.judge, local=local, avoid=avoid, foreign=opened.foreign
+                )
                 try:
                     manifest = install(
-                        _Deadline(opened, deadline),
+                        _Deadline(opened, deadline, cancelled),
                         target,
                         key,
                         rank,
-                        accept=functools.partial(
-                            self.judge, local=local, avoid=avoid, foreign=opened.foreign
-                        ),
+                        accept=pace.watching(judge),
                         max_bytes=self.compile.max_bytes,
+                        progress=pace.update,
+                        proceed=lambda: not cancelled(),
                     )
                 finally:
                     opened.close()
             except ArtifactError as exc:
-                timed_out = time.monotonic() > deadline
+                timed_out = time.monotonic() > deadline or cancelled()
                 untrusted = str(exc).startswith("artifact refused: untrusted")
-                reason = "timeout" if timed_out else "untrusted" if untrusted else "invalid"
+                slow = str(exc).startswith("slower than compiling")
+                reason = (
+                    "timeout"
+                    if timed_out
+                    else "slow"
+                    if slow
+                    else "untrusted"
+                    if untrusted
+                    else "invalid"
+                )
                 result = Fetched(reason, source=label)
                 if untrusted and opened is not None and opened.foreign is not None:
                     warn_foreign(f"{layer.url}/{name}", opened.foreign)  # once per place
@@ -363,7 +430,7 @@ class ArtifactStore:
                         label,
                         exc,
                     )
-                if timed_out:
+                if timed_out or slow:
                     break
                 continue
             except Exception as exc:  # store errors, disk errors: the node compiles

@@ -1,12 +1,14 @@
 """Never write through a store that ignores the preconditions of conditional writes.
 
 ``GuardedStore`` wraps a remote store. Reads and listings go straight through: no probe
-ever runs on a lookup's path. The first write of any kind (a put, rewrite or delete of a
-plan, also one that the stored record turns into no write at all; an object written or
-deleted through the object layer, e.g. a compile artifact) starts the conformance probe
-(``plancache._probe``) in a daemon thread, unless a fresh verdict for this store (URL and
-endpoint) is cached in the local directory, and waits for the verdict (at most the probe's
-own bound, ``PROBE_TIMEOUT_S``). Then, per verdict:
+ever runs on a lookup's path. Warming the store (``warm``: when a writable store opens, in
+the plugin while the weights load) or else its first write of any kind (a put, rewrite or
+delete of a plan, also one that the stored record turns into no write at all; an object
+written or deleted through the object layer, e.g. a compile artifact) starts the conformance
+probe (``plancache._probe``) in a daemon thread, unless a fresh verdict for this store (URL
+and endpoint) is cached in the local directory; a write waits for the verdict (at most the
+probe's own bound, ``PROBE_TIMEOUT_S``), which a probe started at the opening has usually
+found by then. Then, per verdict:
 
 - ``honest``: writes go through;
 - ``lies``: one ERROR line names the store and the step that failed, and every write raises
@@ -126,10 +128,12 @@ class GuardedStore(ForwardingStore):
         trust: bool = False,
         probe_timeout: float = PROBE_TIMEOUT_S,
         retry_s: float = RETRY_S,
+        probe_on_warm: bool = True,
     ) -> None:
         self.store = store
         self.verdicts = verdicts
         self.trust = trust
+        self.probe_on_warm = probe_on_warm
         self.probe_timeout = probe_timeout
         self.retry_s = retry_s
         self._lock = threading.Lock()
@@ -201,15 +205,28 @@ class GuardedStore(ForwardingStore):
         cached = self.verdicts.load(identity(self.store)) if self.verdicts is not None else None
         return None if cached is None else cached[0]
 
-    def verdict(self) -> ProbeResult:
-        """The store's verdict: the one known, else that of a probe started now or already
-        running (waiting at most ``probe_timeout`` seconds for it)."""
+    def warm(self) -> None:
+        """Start the probe now, on a daemon thread (where writes are wanted and no fresh
+        verdict is known), so that the first write finds its verdict; returns at once."""
+        if self.probe_on_warm and not self.trust:
+            self._start_probe()
+        super().warm()
+
+    def _start_probe(self) -> Job[None] | ProbeResult:
+        """The fresh verdict known, else the probe running (started now if need be)."""
         with self._lock:
             if self._result is not None and time.monotonic() < self._expires:
                 return self._result
             if self._probing is None or self._probing.done():
                 self._probing = background.start(self._probe, "plancache-probe")
-            probing = self._probing
+            return self._probing
+
+    def verdict(self) -> ProbeResult:
+        """The store's verdict: the one known, else that of a probe started now or already
+        running (waiting at most ``probe_timeout`` seconds for it)."""
+        probing = self._start_probe()
+        if isinstance(probing, ProbeResult):
+            return probing
         if probing.join(self.probe_timeout + 1.0) and self._result is not None:
             return self._result
         return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
@@ -264,13 +281,18 @@ class GuardedStore(ForwardingStore):
 
 
 def open_guarded(
-    url: str, storage_options: Mapping[str, Any], local_dir: str | None, *, trust: bool = False
+    url: str,
+    storage_options: Mapping[str, Any],
+    local_dir: str | None,
+    *,
+    trust: bool = False,
+    writable: bool = True,
 ) -> PlanStore:
     """``open_store(url, **storage_options)``, an object store behind a ``GuardedStore``
-    whose verdicts are cached under ``local_dir`` (None: in memory only); other stores as
-    they are."""
+    whose verdicts are cached under ``local_dir`` (None: in memory only) and which probes
+    when warmed where ``writable``; other stores as they are."""
     store = open_store(url, **storage_options)
     if not isinstance(store, RemoteStore):
         return store
     verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
-    return GuardedStore(store, verdicts, trust=trust)
+    return GuardedStore(store, verdicts, trust=trust, probe_on_warm=writable)

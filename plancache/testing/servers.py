@@ -429,14 +429,28 @@ class _HTTPService(_Server):
         raise NotImplementedError
 
 
+TRICKLE_CHUNK = 64 << 10
+
+
+def _trickle(data: bytes, bytes_per_s: float) -> Iterator[bytes]:
+    """``data`` in chunks, at ``bytes_per_s``."""
+    for i in range(0, len(data), TRICKLE_CHUNK):
+        time.sleep(TRICKLE_CHUNK / bytes_per_s)
+        yield data[i : i + TRICKLE_CHUNK]
+
+
 class CountingProxy(_HTTPService):
     """Forwards every request to ``upstream``, ``delay_s`` later (none by default), and
-    records ``(method, path)`` of each."""
+    records ``(method, path)`` of each; with ``bytes_per_s``, sends response bodies over
+    64 KiB at that rate (a slow link)."""
 
-    def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, upstream: str, delay_s: float = 0.0, bytes_per_s: float | None = None
+    ) -> None:
         super().__init__()
         self.upstream = upstream.removeprefix("http://")
         self.delay_s = delay_s
+        self.bytes_per_s = bytes_per_s
 
     def outgoing(self, path: str, headers: dict[str, str]) -> str:
         """The path to forward a request to, given its path and headers (``headers`` may be
@@ -447,7 +461,11 @@ class CountingProxy(_HTTPService):
         time.sleep(self.delay_s)
         headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
         path = self.outgoing(h.path, headers)
-        h.reply(*self.forward(h.command, path, headers, body))
+        status, answer, data = self.forward(h.command, path, headers, body)
+        if self.bytes_per_s is None or len(data) <= TRICKLE_CHUNK:
+            h.reply(status, answer, data)
+        else:
+            h.reply(status, answer, _trickle(data, self.bytes_per_s))
 
     def forward(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""

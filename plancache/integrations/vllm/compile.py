@@ -141,11 +141,13 @@ def opened() -> ArtifactStore | None:
     return store()
 
 
-def store() -> ArtifactStore | None:
-    """The artifact store, once opened (waits for the opening at most the fetch bound)."""
+def store(deadline: float | None = None) -> ArtifactStore | None:
+    """The artifact store, once opened (waits for the opening until ``deadline``,
+    monotonic; default: the fetch bound from now)."""
     opening = _opening
     if opening is not None:
-        opening.join(settings().fetch_timeout)
+        limit = settings().fetch_timeout if deadline is None else deadline - time.monotonic()
+        opening.join(max(0.0, limit))
     return _store
 
 
@@ -219,6 +221,7 @@ def _before_load(model: Any, path: str) -> _Load | None:
     attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
     with _lock:
         _used.setdefault(attempt.root, set()).add(attempt.rank)
+    object.__setattr__(model, STARTED_ATTR, time.monotonic())  # a compile's cost, if it compiles
     _wrap_save(type(model))
     prefetch = getattr(model, PREFETCH_ATTR, None)
     where = None
@@ -237,11 +240,21 @@ def _before_load(model: Any, path: str) -> _Load | None:
     return attempt
 
 
-def _prepare(root: Path, key: str, rank: str, prefetched: bool = False) -> Fetched | None:
+def _prepare(
+    root: Path,
+    key: str,
+    rank: str,
+    prefetched: bool = False,
+    deadline: float | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Fetched | None:
     """Recover this node's crash marks of (key, rank) (an avoided copy is removed), then
-    fetch and install the artifact if ``rank/model`` is missing. None when there is nothing
-    to fetch (vLLM's own copy serves) or no store."""
-    artifacts = store()
+    fetch and install the artifact if ``rank/model`` is missing, the store's opening and the
+    fetch together until ``deadline`` (monotonic; default: the fetch bound from now), and
+    nothing once ``cancelled()``. None when there is nothing to fetch (vLLM's own copy
+    serves) or no store."""
+    deadline = time.monotonic() + settings().fetch_timeout if deadline is None else deadline
+    artifacts = store(deadline)
     if artifacts is None:
         return None
     aid = artifact_id(key, rank)
@@ -258,7 +271,7 @@ def _prepare(root: Path, key: str, rank: str, prefetched: bool = False) -> Fetch
             rank,
         )
         _remove(rank_dir)
-    fetched = artifacts.fetch(root, key, rank, avoid)
+    fetched = artifacts.fetch(root, key, rank, avoid, deadline=deadline, cancelled=cancelled)
     log.info(
         "plancache: compile artifact %s/%s: %s%s (%.3f s%s)",
         key[:12],
@@ -319,6 +332,9 @@ def upload_additions(artifacts: ArtifactStore) -> None:
 
 # -- the prefetch, when the model is built ---------------------------------------------------
 PREFETCH_ATTR = "_plancache_compile_prefetch"
+STARTED_ATTR = "_plancache_first_forward_started"
+"""When the first forward reached vLLM's AOT loader (monotonic): a compile's cost runs from
+there to the save."""
 
 
 class _Prefetch:
@@ -329,6 +345,8 @@ class _Prefetch:
         self.model = model
         self.where: tuple[Path, str] | None = None
         self.fetched: Fetched | None = None
+        self.deadline = time.monotonic() + settings().fetch_timeout  # one bound, in all
+        self.cancelled = threading.Event()
         self.job = background.start(self._run, "plancache-compile-fetch")
 
     def _run(self) -> None:
@@ -336,12 +354,18 @@ class _Prefetch:
         self.model = None  # no reference kept past the key
         if self.where is not None:
             root, rank = self.where
-            self.fetched = safely(_prepare, root, root.name, rank, True)
+            self.fetched = safely(
+                _prepare, root, root.name, rank, True, self.deadline, self.cancelled.is_set
+            )
 
     def join(self) -> tuple[Path, str] | None:
-        """Wait for the prefetch (at most the fetch bound, which its own fetch also obeys);
-        where it fetched for, or None if it computed no path or is still running."""
-        return self.where if self.job.join(settings().fetch_timeout) else None
+        """Wait for the prefetch until its deadline (the fetch bound from its start, the
+        store's opening included); where it fetched for, or None if it computed no path or
+        is still running: then it is cancelled, and installs nothing after this."""
+        if self.job.join(max(0.0, self.deadline - time.monotonic())):
+            return self.where
+        self.cancelled.set()
+        return None
 
 
 def _aot_path(model: Any) -> tuple[Path, str] | None:
@@ -469,9 +493,13 @@ def _after_save(model: Any) -> None:
     rank_dir = Path(path).parent
     key, rank = check_key(rank_dir.parent.name), check_rank(rank_dir.name)
     labels = _labels(model)
+    started = getattr(model, STARTED_ATTR, None)
+    made = producer()
+    if isinstance(started, float):  # what the fetcher must beat (its pace is judged by it)
+        made["compile_s"] = round(time.monotonic() - started, 3)
     fn = model.aot_compiled_fn
     model.aot_compiled_fn = _FirstCall(
-        fn, lambda: uploads.start(_upload, rank_dir.parent, key, rank, labels)
+        fn, lambda: uploads.start(_upload, rank_dir.parent, key, rank, labels, made)
     )
 
 
@@ -480,13 +508,15 @@ def _labels(model: Any) -> dict[str, object]:
     return {"model": str(getattr(config, "model", "")), "class": type(model).__name__}
 
 
-def _upload(root: Path, key: str, rank: str, labels: dict[str, object]) -> None:
+def _upload(
+    root: Path, key: str, rank: str, labels: dict[str, object], made: dict[str, object]
+) -> None:
     artifacts = store()
     if artifacts is None:
         return
     start = time.monotonic()
     try:
-        outcome = artifacts.upload(root, key, rank, labels, producer())
+        outcome = artifacts.upload(root, key, rank, labels, made)
     except Exception as exc:
         log.warning(
             "plancache: compile artifact %s/%s not stored: %s: %s",

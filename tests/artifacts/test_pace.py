@@ -1,0 +1,78 @@
+"""Never slower than compiling: a fetch over a slow link gives up as soon as the rate it sees
+cannot beat the producer's recorded compile time, and nothing is installed once the boot
+stopped waiting. Real S3 (moto) behind a proxy that sends bodies at a set rate."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
+from plancache.testing.servers import CountingProxy, MotoS3
+from tests.artifacts.helpers import KEY, RANK, make_tree
+
+RATE = 512 << 10
+"""Bytes per second of the slow link: the 4 MiB artifact takes 8 s."""
+
+
+def _store(url: str, endpoint: str) -> ArtifactStore:
+    options = {"endpoint_url": endpoint, "timeout": 60.0}
+    settings = Settings(url, storage_options=options, timeout=60.0, trust_preconditions=True)
+    return ArtifactStore(settings, CompileSettings(trust_unsigned=True, fetch_timeout=60.0))
+
+
+@pytest.fixture
+def stored(tmp_path: Path, moto_s3: MotoS3, s3_bucket: str) -> Any:
+    """Upload an incompressible 4 MiB artifact whose producer compiled in ``compile_s``."""
+    url = f"s3://{s3_bucket}/pace"
+
+    def upload(compile_s: float) -> str:
+        root = make_tree(tmp_path / f"src-{compile_s}", model=os.urandom(4 << 20))
+        made = {"host": "producer", "compile_s": compile_s}
+        assert _store(url, moto_s3.endpoint).upload(root, KEY, RANK, None, made)["store"]
+        return url
+
+    return upload
+
+
+def test_a_fetch_that_cannot_beat_compiling_gives_up_early(
+    tmp_path: Path, moto_s3: MotoS3, stored: Any
+) -> None:
+    url = stored(2.0)  # the link needs 8 s: compiling (2 s) wins
+    with CountingProxy(moto_s3.endpoint, bytes_per_s=RATE) as slow:
+        start = time.monotonic()
+        fetched = _store(url, slow.endpoint).fetch(tmp_path / "node" / KEY, KEY, RANK)
+        took = time.monotonic() - start
+    assert fetched.reason == "slow"
+    assert took < 3.0, took  # as soon as the rate was seen, not at the 60 s bound
+    assert not (tmp_path / "node" / KEY / RANK).exists()
+
+
+def test_a_fetch_that_beats_compiling_goes_on(tmp_path: Path, moto_s3: MotoS3, stored: Any) -> None:
+    url = stored(60.0)
+    with CountingProxy(moto_s3.endpoint, bytes_per_s=4 * RATE) as slow:
+        fetched = _store(url, slow.endpoint).fetch(tmp_path / "node" / KEY, KEY, RANK)
+    assert fetched.reason == "hit" and (tmp_path / "node" / KEY / RANK / "model").exists()
+
+
+def test_nothing_is_installed_once_the_boot_stopped_waiting(
+    tmp_path: Path, moto_s3: MotoS3, stored: Any
+) -> None:
+    url = stored(60.0)
+    stop_at = time.monotonic() + 1.0
+    with CountingProxy(moto_s3.endpoint, bytes_per_s=4 * RATE) as slow:
+        fetched = _store(url, slow.endpoint).fetch(
+            tmp_path / "node" / KEY, KEY, RANK, cancelled=lambda: time.monotonic() > stop_at
+        )
+    assert fetched.reason == "timeout"
+    assert not (tmp_path / "node" / KEY / RANK).exists()
+    late = time.monotonic() + 60
+    fetched = _store(url, moto_s3.endpoint).fetch(
+        tmp_path / "other" / KEY, KEY, RANK, deadline=late, cancelled=lambda: False
+    )
+    assert fetched.reason == "hit"
