@@ -697,7 +697,8 @@ class ArtifactStore:
     ) -> bool:
         """Write object ``name`` (``packed()``: its manifest and stream) create-if-absent,
         looking first: False, with nothing streamed, where it is stored already or (on the
-        store) another node holds the claim to upload it (see ``claim``)."""
+        store) another node holds the claim to upload it (see ``claim``); under the claim it
+        looks again (the last holder may have finished between the two)."""
         there = layer.open_object(name)
         if there is not None:
             there.close()
@@ -710,6 +711,10 @@ class ArtifactStore:
             log.info("plancache: %s: another node is uploading it; not uploaded here", name)
             return False
         try:
+            there = layer.open_object(name)  # a holder that finished just before this claim
+            if there is not None:
+                there.close()
+                return False
             return layer.write_object(name, chunks)
         finally:
             with contextlib.suppress(Exception):  # expires on its own
