@@ -17,12 +17,13 @@ import pytest
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache import _background as background
 from plancache._backends.local import LocalStore
-from plancache._backends.tiered import TieredStore
+from plancache._backends.tiered import UNSHARED_PREFIX, TieredStore
 from plancache._config import Settings
 from plancache._keys import object_name
-from plancache.errors import PlanStoreReadOnlyError
+from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 from plancache.testing import FACTORS, GiB, StoreContract, make_plan
 from plancache.testing.contract import StoreFactory, WriteRaw
+from plancache.testing.hostile import FaultyProxy, writes
 from plancache.testing.servers import CountingProxy, MotoS3
 
 
@@ -291,3 +292,33 @@ def test_the_local_tier_has_the_plan_before_a_slow_remote_answers(
         assert not writing.done()  # the remote has not answered yet
         assert writing.wait(30) is PutOutcome.CREATED
     assert remote.get(plan.fingerprint) == plan
+
+
+def test_a_plan_the_remote_missed_is_offered_again_by_a_later_boot(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The remote fails the write: the local tier keeps the plan and a mark; a later boot's
+    warm writes it to the remote and removes the mark; a local hit then costs nothing."""
+    url, tier = f"s3://{s3_bucket}/p", tmp_path / "tier"
+
+    def settings(endpoint: str) -> Settings:
+        options = {"endpoint_url": endpoint}
+        return Settings(
+            url, storage_options=options, local_tier=str(tier), trust_preconditions=True
+        )
+
+    plan = make_plan()
+    with FaultyProxy(moto_s3.endpoint, 400, writes) as broken, pytest.raises(PlanStoreError):
+        settings(broken.endpoint).open_store().put(plan)
+    local = LocalStore(tier)
+    assert local.get(plan.fingerprint) == plan
+    assert list(local.list_objects(UNSHARED_PREFIX)) == [UNSHARED_PREFIX + plan.fingerprint]
+    with CountingProxy(moto_s3.endpoint) as healthy:
+        later = settings(healthy.endpoint).open_store()
+        assert isinstance(later, TieredStore)
+        assert later.offer_unshared() == 1
+        assert open_store(url, endpoint_url=moto_s3.endpoint).get(plan.fingerprint) == plan
+        assert list(local.list_objects(UNSHARED_PREFIX)) == []
+        healthy.reset()
+        assert later.offer_unshared() == 0 and later.get(plan.fingerprint) == plan
+        assert healthy.requests == []  # nothing marked, a local hit: no request

@@ -6,7 +6,11 @@ local tier. Writes: local first (the node keeps what it measured, however slow t
 then remote (skipped in read-only mode, and where the remote refuses writes with
 ``PlanStoreReadOnlyError``, e.g. a store found to ignore preconditions), whose merged record
 the local tier then takes. The local tier is a cache: its failures are logged and never fail
-a read or write that the remote served. The keyring
+a read or write that the remote served. A plan written to the local tier whose remote write
+has not succeeded (yet: a slow store, a process that exited, an error) keeps a mark there
+(``unshared_<key>``); warming the store (``warm``: the plugin does when a worker starts)
+offers the marked plans to the remote again in a daemon thread, so that no observation stays
+on one node. The keyring
 (``use_keyring``) applies to both tiers: a local record without a valid signature is not
 applied, it is logged and the remote is read instead.
 
@@ -21,6 +25,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from plancache import _background as background
+from plancache._keys import is_key_prefix, validate_key
 from plancache._objects import CREATE, WriteMode
 from plancache._plan import Plan
 from plancache._signing import Keyring
@@ -29,6 +35,16 @@ from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnly
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
+
+
+def _is_key(text: str) -> bool:
+    return len(text) == 64 and is_key_prefix(text)
+
+
+UNSHARED_PREFIX = "unshared_"
+"""The local tier's marks of plans not written to the remote yet."""
+MAX_OFFERS = 64
+"""Most marked plans one warm offers to the remote (the rest: a later boot)."""
 
 
 class TieredStore(ForwardingStore):
@@ -99,15 +115,58 @@ class TieredStore(ForwardingStore):
         if self.read_only:
             assert local is not None
             return local
+        mark = UNSHARED_PREFIX + plan.fingerprint
+        marked = local is not None and self._local_object(lambda t: t.write_object(mark, [b""]))
         try:
             outcome, stored = self.remote.put_merged(plan)
         except PlanStoreReadOnlyError:  # the remote refuses writes: as if opened read-only
+            if marked:  # nothing to offer it later
+                self._local_object(lambda t: t.delete_object(mark))
             if local is None:
                 raise
             return local
+        if marked:
+            self._local_object(lambda t: t.delete_object(mark))
         if stored is not None and (local is None or stored != local[1]):
             self._put_local(stored)
         return outcome, stored
+
+    def warm(self) -> None:
+        """Start opening the remote (``ForwardingStore.warm``) and offering it the plans the
+        local tier marks as not shared yet, on daemon threads; returns at once."""
+        super().warm()
+        if self.local is not None and not self.read_only:
+            background.start(self.offer_unshared, "plancache-offer")
+
+    def offer_unshared(self) -> int:
+        """Write to the remote (merged) each plan the local tier marks as not shared yet (at
+        most ``MAX_OFFERS``), removing its mark once written; how many were. Never raises."""
+        shared = 0
+        try:
+            assert self.local is not None
+            marks = [n for n in self.local.list_objects(UNSHARED_PREFIX)][:MAX_OFFERS]
+            for name in marks:
+                fp = name[len(UNSHARED_PREFIX) :]
+                plan = self.local.get(validate_key(fp)) if _is_key(fp) else None
+                if plan is not None:
+                    self.remote.put_merged(plan)
+                    shared += 1
+                self.local.delete_object(name)
+        except Exception as exc:  # the store is still slow or broken: a later boot
+            log.info("plancache: plans not shared yet stay marked: %s: %s", type(exc).__name__, exc)
+        if shared:
+            log.info("plancache: %d plan(s) this node kept are now in %s", shared, self.remote.url)
+        return shared
+
+    def _local_object(self, call: Callable[[PlanStore], object]) -> bool:
+        """``call`` on the local tier; False (logged) where it fails."""
+        assert self.local is not None
+        try:
+            call(self.local)
+        except PlanStoreError as exc:
+            log.warning("plancache: local tier %s: %s", self.local.url, exc)
+            return False
+        return True
 
     def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
         """Rewrite the remote's record (not in read-only mode), then the local tier's; the
