@@ -18,7 +18,12 @@ import pytest
 from plancache import PlanCache, PutOutcome
 from plancache._backends import open_store
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
-from plancache._backends.guarded import VERDICTS_DIR, GuardedStore, VerdictCache
+from plancache._backends.guarded import (
+    PROBE_ATTEMPTS,
+    VERDICTS_DIR,
+    GuardedStore,
+    VerdictCache,
+)
 from plancache._config import Settings
 from plancache._probe import CHECK_REQUESTS, STEPS, ProbeResult, StoreVerdict, probe
 from plancache.errors import PlanStoreUnavailableError
@@ -253,12 +258,25 @@ def test_read_only_credentials_write_the_local_tier_only(
         assert not (tmp_path / "tier" / VERDICTS_DIR).exists()  # kept in memory only
 
 
+def test_a_store_that_sheds_load_for_a_moment_still_gets_its_verdict(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """503 (S3's SlowDown) on the probe's first request and its retry: the probe backs off
+    and tries again within its bound, and finds the verdict."""
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
+        guarded = GuardedStore(store, VerdictCache(tmp_path))
+        assert guarded.verdict().verdict is StoreVerdict.HONEST
+        assert guarded.put(make_plan()) is PutOutcome.CREATED
+
+
 def test_no_verdict_is_retried_at_a_later_write(
     behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """503 on the first request and its retry: no verdict, nothing written, nothing cached;
-    a write after ``retry_s`` probes again and, the store now answering, writes."""
-    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
+    """503 on the first request and its retry, in each of the probe's attempts: no verdict,
+    nothing written, nothing cached; a write after ``retry_s`` probes again and, the store
+    now answering, writes."""
+    failing = 2 * PROBE_ATTEMPTS
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=0.2)
         with pytest.raises(PlanStoreUnavailableError, match="no verdict"):
             guarded.put(make_plan())

@@ -27,9 +27,11 @@ writers then lose observations and tombstones.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
+import random
 import tempfile
 import threading
 import time
@@ -57,6 +59,12 @@ VERDICTS_DIR = "conformance"
 """The subdirectory of the local directory that holds cached verdicts."""
 VERDICT_TTL_S = 86400.0
 """Seconds an ``honest`` or ``lies`` verdict is trusted before the store is probed again."""
+PROBE_JITTER_S = 2.0
+"""Most seconds a probe started when a store is warmed waits first (spread over a rollout)."""
+PROBE_ATTEMPTS = 3
+BACKOFF_S = 0.5
+"""A probe without a verdict (a timeout, HTTP 503 SlowDown, 429) is tried again, up to
+``PROBE_ATTEMPTS`` in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
 RETRY_S = 60.0
 """Seconds before a write probes again after ``unknown`` or ``read-only``."""
 TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
@@ -207,18 +215,23 @@ class GuardedStore(ForwardingStore):
 
     def warm(self) -> None:
         """Start the probe now, on a daemon thread (where writes are wanted and no fresh
-        verdict is known), so that the first write finds its verdict; returns at once."""
+        verdict is known), after a random delay of up to ``PROBE_JITTER_S`` (the nodes of a
+        rollout do not probe in the same second), so that the first write finds its
+        verdict; returns at once."""
         if self.probe_on_warm and not self.trust:
-            self._start_probe()
+            self._start_probe(random.uniform(0.0, PROBE_JITTER_S))
         super().warm()
 
-    def _start_probe(self) -> Job[None] | ProbeResult:
-        """The fresh verdict known, else the probe running (started now if need be)."""
+    def _start_probe(self, delay: float = 0.0) -> Job[None] | ProbeResult:
+        """The fresh verdict known, else the probe running (started now if need be, ``delay``
+        seconds late)."""
         with self._lock:
             if self._result is not None and time.monotonic() < self._expires:
                 return self._result
             if self._probing is None or self._probing.done():
-                self._probing = background.start(self._probe, "plancache-probe")
+                self._probing = background.start(
+                    functools.partial(self._probe, delay), "plancache-probe"
+                )
             return self._probing
 
     def verdict(self) -> ProbeResult:
@@ -227,12 +240,14 @@ class GuardedStore(ForwardingStore):
         probing = self._start_probe()
         if isinstance(probing, ProbeResult):
             return probing
-        if probing.join(self.probe_timeout + 1.0) and self._result is not None:
+        if probing.join(self.probe_timeout + PROBE_JITTER_S + 1.0) and self._result is not None:
             return self._result
         return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
 
-    def _probe(self) -> None:
-        """Find the verdict (cached on disk, else by a probe) and keep it in memory."""
+    def _probe(self, delay: float = 0.0) -> None:
+        """Find the verdict (cached on disk, else by a probe, ``delay`` seconds from now)
+        and keep it in memory."""
+        time.sleep(delay)
         try:
             result, expires = self._find()
         except Exception as exc:  # e.g. the client could not open: no verdict
@@ -249,7 +264,15 @@ class GuardedStore(ForwardingStore):
         cached = self.verdicts.load(ident) if self.verdicts is not None else None
         if cached is not None:
             return cached[0], VERDICT_TTL_S - cached[1]
+        deadline = time.monotonic() + self.probe_timeout
         result = probe(self.store.probe_store(), timeout=self.probe_timeout)
+        for attempt in range(1, PROBE_ATTEMPTS):  # a store that sheds load (503, 429) answers later
+            pause = random.uniform(0.5, 1.5) * BACKOFF_S * 2 ** (attempt - 1)
+            left = deadline - time.monotonic() - pause
+            if result.verdict is not StoreVerdict.UNKNOWN or left < 1.0:
+                break
+            time.sleep(pause)
+            result = probe(self.store.probe_store(), timeout=left)
         if result.verdict in _KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
