@@ -148,6 +148,8 @@ class GuardedStore(ForwardingStore):
         self._result: ProbeResult | None = None
         self._expires = 0.0
         self._probing: Job[None] | None = None
+        self._hurry = threading.Event()
+        """Set by a write that waits for the verdict: a probe still in its delay starts."""
         if trust:
             log.warning(
                 "plancache: %s=1: writing to %s without checking that it honours conditional "
@@ -216,8 +218,8 @@ class GuardedStore(ForwardingStore):
     def warm(self) -> None:
         """Start the probe now, on a daemon thread (where writes are wanted and no fresh
         verdict is known), after a random delay of up to ``PROBE_JITTER_S`` (the nodes of a
-        rollout do not probe in the same second), so that the first write finds its
-        verdict; returns at once."""
+        rollout do not probe in the same second; a write that needs the verdict first cuts
+        it short), so that the first write finds its verdict; returns at once."""
         if self.probe_on_warm and not self.trust:
             self._start_probe(random.uniform(0.0, PROBE_JITTER_S))
         super().warm()
@@ -240,14 +242,15 @@ class GuardedStore(ForwardingStore):
         probing = self._start_probe()
         if isinstance(probing, ProbeResult):
             return probing
-        if probing.join(self.probe_timeout + PROBE_JITTER_S + 1.0) and self._result is not None:
+        self._hurry.set()  # a warm-up's probe waiting out its delay starts now
+        if probing.join(self.probe_timeout + 1.0) and self._result is not None:
             return self._result
         return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
 
     def _probe(self, delay: float = 0.0) -> None:
         """Find the verdict (cached on disk, else by a probe, ``delay`` seconds from now)
-        and keep it in memory."""
-        time.sleep(delay)
+        and keep it in memory; a write that waits for it cuts the delay short."""
+        self._hurry.wait(delay)
         try:
             result, expires = self._find()
         except Exception as exc:  # e.g. the client could not open: no verdict

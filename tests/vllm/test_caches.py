@@ -17,6 +17,7 @@ from plancache.testing import child_env
 from tests.vllm import support
 from tests.vllm.support import HERE, MODEL_CONFIG, REPO, vllm_installed
 
+AOT = Path("torch_compile_cache") / "torch_aot_compile"
 pytestmark = [
     pytest.mark.skipif(not vllm_installed(), reason="needs vLLM (tox -e vllm)"),
     pytest.mark.timeout(900),
@@ -67,6 +68,10 @@ def test_a_new_node_compiles_no_triton_kernel_a_warm_node_would_not(tmp_path: Pa
 def test_what_a_load_and_warm_up_add_to_inductor_cache_reaches_new_nodes(
     tmp_path: Path,
 ) -> None:
+    """After the cold node saved and uploaded its artifact, its ``inductor_cache/`` grows:
+    vLLM's own load and warm-up add kernels at times (not on every CPU run), and a file is
+    planted there too (one more kernel, so that the test never depends on that). The warm
+    boot stores exactly what was added, as one bundle, and a new node installs it."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -74,13 +79,17 @@ def test_what_a_load_and_warm_up_add_to_inductor_cache_reaches_new_nodes(
     args = ("--model-dir", str(model), "--wait-upload", "120", "--sizes", "16")
     cold, log = _run("compile_node.py", tmp_path / "cold", store, *args)
     assert cold["aot_compiles"] == 1, log[-3000:]
+    [key] = list((tmp_path / "cold" / AOT).iterdir())
+    planted = key / "inductor_cache" / "zz" / "czzwarmupkernel.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("# a kernel the warm-up compiled\n")
     warm, log = _run("compile_node.py", tmp_path / "cold", store, *args)
     assert warm["loaded_from_disk"], log[-3000:]
     added = warm["inductor_files"] - cold["inductor_files"]
-    assert added > 0, log[-3000:]  # vLLM added files after it saved the artifact
-    assert f"warm-up additions ({added} files) stored: store=created" in log
+    assert f"warm-up additions ({added} files) stored: store=created" in log, log[-3000:]
     new, log = _run("compile_node.py", tmp_path / "new", store, *args)
     assert new["loaded_from_disk"] and new["equal_eager"], log[-3000:]
     assert f"warm-up additions: hit, 1 bundles, {added} files installed" in log
     assert new["inductor_files"] == warm["inductor_files"]
+    assert (tmp_path / "new" / AOT / key.name / "inductor_cache" / "zz" / planted.name).exists()
     assert "warm-up additions (" not in log  # it added nothing: nothing stored
