@@ -269,6 +269,24 @@ def test_a_store_that_sheds_load_for_a_moment_still_gets_its_verdict(
         assert guarded.put(make_plan()) is PutOutcome.CREATED
 
 
+def test_no_verdict_from_the_warm_up_probe_does_not_block_the_first_write(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The probe started when the store is warmed (a boot's busiest seconds) finds no
+    verdict: the first write probes again instead of failing for ``retry_s``."""
+    failing = 2 * PROBE_ATTEMPTS
+    proxy = FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)
+    with behind(proxy) as (store, _):
+        guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=600.0)
+        guarded.warm()
+        deadline = time.monotonic() + 30
+        while len(proxy.requests) < failing and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # its last answer reached the probe
+        assert len(proxy.requests) == failing  # the early probe's three attempts, no verdict
+        assert guarded.put(make_plan()) is PutOutcome.CREATED
+
+
 def test_no_verdict_is_retried_at_a_later_write(
     behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
 ) -> None:

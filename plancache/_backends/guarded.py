@@ -221,41 +221,53 @@ class GuardedStore(ForwardingStore):
         rollout do not probe in the same second; a write that needs the verdict first cuts
         it short), so that the first write finds its verdict; returns at once."""
         if self.probe_on_warm and not self.trust:
-            self._start_probe(random.uniform(0.0, PROBE_JITTER_S))
+            self._start_probe(random.uniform(0.0, PROBE_JITTER_S), early=True)
         super().warm()
 
-    def _start_probe(self, delay: float = 0.0) -> Job[None] | ProbeResult:
+    def _start_probe(self, delay: float = 0.0, early: bool = False) -> Job[None] | ProbeResult:
         """The fresh verdict known, else the probe running (started now if need be, ``delay``
-        seconds late)."""
+        seconds late; ``early``: before any write asked, see ``_probe``)."""
         with self._lock:
             if self._result is not None and time.monotonic() < self._expires:
                 return self._result
             if self._probing is None or self._probing.done():
                 self._probing = background.start(
-                    functools.partial(self._probe, delay), "plancache-probe"
+                    functools.partial(self._probe, delay, early), "plancache-probe"
                 )
             return self._probing
 
     def verdict(self) -> ProbeResult:
         """The store's verdict: the one known, else that of a probe started now or already
-        running (waiting at most ``probe_timeout`` seconds for it)."""
-        probing = self._start_probe()
-        if isinstance(probing, ProbeResult):
-            return probing
-        self._hurry.set()  # a warm-up's probe waiting out its delay starts now
-        if probing.join(self.probe_timeout + 1.0) and self._result is not None:
-            return self._result
+        running (waiting at most ``probe_timeout`` seconds for it; where that was an early
+        probe that found none, once more for a probe of its own)."""
+        for _ in range(2):
+            probing = self._start_probe()
+            if isinstance(probing, ProbeResult):
+                return probing
+            self._hurry.set()  # a warm-up's probe waiting out its delay starts now
+            if not probing.join(self.probe_timeout + 1.0) or self._result is None:
+                break
+            if self._result.verdict is not StoreVerdict.UNKNOWN or self._fresh():
+                return self._result
         return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
 
-    def _probe(self, delay: float = 0.0) -> None:
+    def _fresh(self) -> bool:
+        with self._lock:
+            return self._result is not None and time.monotonic() < self._expires
+
+    def _probe(self, delay: float = 0.0, early: bool = False) -> None:
         """Find the verdict (cached on disk, else by a probe, ``delay`` seconds from now)
-        and keep it in memory; a write that waits for it cuts the delay short."""
+        and keep it in memory; a write that waits for it cuts the delay short. No verdict
+        from an ``early`` probe (the boot's busiest seconds) is kept for no time: the first
+        write probes again rather than fail for ``retry_s``."""
         self._hurry.wait(delay)
         try:
             result, expires = self._find()
         except Exception as exc:  # e.g. the client could not open: no verdict
             result = ProbeResult(StoreVerdict.UNKNOWN, None, scrub(f"{type(exc).__name__}: {exc}"))
             expires = self.retry_s
+        if early and result.verdict is StoreVerdict.UNKNOWN:
+            expires = 0.0
         self._report(result)
         with self._lock:
             self._result = result
