@@ -91,13 +91,17 @@ def _bounded(fn: Callable[[], T], timeout: float) -> T:
 
 _late: list[tuple[Job[PutOutcome], str]] = []
 _late_lock = threading.Lock()
+_waiting = False
 
 
 def _finish_at_exit(job: Job[PutOutcome], fp: str) -> None:
     """Let ``job`` (a record past its budget) finish before the process exits, bounded."""
+    global _waiting
     with _late_lock:
-        if not _late:
+        if not _waiting:
             atexit.register(_wait_for_late, RECORD_EXIT_WAIT_S)
+            _waiting = True
+        _late[:] = [(j, f) for j, f in _late if not j.done()]  # a long process keeps few
         _late.append((job, fp))
 
 
