@@ -1,12 +1,17 @@
-"""Synthetic AOT directories, shaped as vLLM 0.33 writes them (no vLLM needed)."""
+"""Synthetic AOT directories, shaped as vLLM 0.33 writes them (no vLLM needed), and the
+artifact stores the tests open."""
 
 from __future__ import annotations
 
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 from plancache._artifacts.archive import pack
+from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._config import Settings
+from plancache._signing import Keyring
 
 KEY = "e" * 64
 RANK = "rank_0_0"
@@ -32,3 +37,17 @@ def stream(root: Path, compress: bool = True) -> io.BytesIO:
     """The artifact of ``root`` for ``RANK``, in memory."""
     _, chunks = pack(root, KEY, RANK, compress=compress)
     return io.BytesIO(b"".join(chunks))
+
+
+def artifact_store(url: str, keyring: Keyring | None = None, **kw: Any) -> ArtifactStore:
+    """An ``ArtifactStore`` on ``url`` (``options``: storage options; ``local_tier``; the
+    rest: ``CompileSettings``), each call bounded at 30 s."""
+    options = kw.pop("options", {})
+    settings = Settings(
+        url,
+        local_tier=kw.pop("local_tier", None),
+        storage_options=options,
+        keyring=keyring or Keyring(),
+        timeout=30.0,
+    )
+    return ArtifactStore(settings, CompileSettings(**kw))

@@ -23,14 +23,13 @@ from plancache._artifacts.manifest import (
     cache_object_name,
     parse_cache_name,
 )
-from plancache._artifacts.share import ArtifactStore, CompileSettings
-from plancache._config import Settings
 from plancache._inventory import artifacts as inventory
 from plancache._keys import fingerprint
 from plancache._signing import Keyring
 from plancache.errors import ArtifactError, InvalidPlanError, UnreadableHereError
 from plancache.testing import LocalStore
 from plancache.testing.servers import MotoS3
+from tests.artifacts.helpers import artifact_store
 
 K1 = "k1-" + "a" * 30
 SCOPE = fingerprint({"cache": "triton", "triton": "3.9.0", "device": "H100 sm_90"})
@@ -45,18 +44,6 @@ def _kernel(root: Path, key: str, name: str = "add", body: bytes = b"\x7fELF cub
         (d / f"{name}{ext}").write_bytes(data)
         children[f"{name}{ext}"] = str(d / f"{name}{ext}")
     (d / f"__grp__{name}.json").write_bytes(orjson.dumps({"child_paths": children}))
-
-
-def _store(url: str, keyring: Keyring | None = None, **kw: Any) -> ArtifactStore:
-    options = kw.pop("options", {})
-    settings = Settings(
-        url,
-        local_tier=kw.pop("local_tier", None),
-        storage_options=options,
-        keyring=keyring or Keyring(),
-        timeout=30.0,
-    )
-    return ArtifactStore(settings, CompileSettings(**kw))
 
 
 def test_bundle_names_carry_the_kind_the_scope_and_the_content_alone(tmp_path: Path) -> None:
@@ -190,40 +177,47 @@ def test_a_new_node_gets_every_kernel_and_uploads_only_what_it_added(tmp_path: P
     cold = tmp_path / "cold"
     for i in range(3):
         _kernel(cold, f"{i}" * 52)
-    first = _store(store)
+    first = artifact_store(store)
     assert first.fetch_cache("triton", SCOPE, cold).reason == "miss"
     files, outcome = first.upload_cache("triton", SCOPE, cold, frozenset())
     assert files == 12 and outcome == {"store": True}
     # the same files again (another node of the herd): nothing written
-    assert _store(store).upload_cache("triton", SCOPE, cold, frozenset()) == (12, {"store": False})
+    assert artifact_store(store).upload_cache("triton", SCOPE, cold, frozenset()) == (
+        12,
+        {"store": False},
+    )
 
     new = tmp_path / "new"
-    fetched = _store(store).fetch_cache("triton", SCOPE, new)
+    fetched = artifact_store(store).fetch_cache("triton", SCOPE, new)
     assert (fetched.reason, fetched.bundles, fetched.installed) == ("hit", 1, 12)
     assert sorted(p.name for p in new.iterdir()) == sorted(f"{i}" * 52 for i in range(3))
     _kernel(new, "9" * 52)  # what this node's warm-up compiled
-    files, outcome = _store(store).upload_cache("triton", SCOPE, new, frozenset(fetched.known))
+    files, outcome = artifact_store(store).upload_cache(
+        "triton", SCOPE, new, frozenset(fetched.known)
+    )
     assert files == 4 and outcome == {"store": True}  # a delta, not a second copy
     third = tmp_path / "third"
-    again = _store(store).fetch_cache("triton", SCOPE, third)
+    again = artifact_store(store).fetch_cache("triton", SCOPE, third)
     assert (again.bundles, again.installed) == (2, 16)
-    assert _store(store).fetch_cache("triton", "0" * 64, tmp_path / "gpu2").reason == "miss"
+    assert artifact_store(store).fetch_cache("triton", "0" * 64, tmp_path / "gpu2").reason == "miss"
 
 
 def test_trust_follows_compile_artifacts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = tmp_path / "store"
     src = tmp_path / "src"
     _kernel(src, "K" * 52)
-    _store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
-    keyed = _store(str(store), Keyring(verify_keys=[K1]))
+    artifact_store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
+    keyed = artifact_store(str(store), Keyring(verify_keys=[K1]))
     got = keyed.fetch_cache("triton", SCOPE, tmp_path / "a")
     assert got.reason == "invalid" and not (tmp_path / "a" / ("K" * 52)).exists()  # unsigned
-    _store(str(tmp_path / "signed"), Keyring(K1)).upload_cache("triton", SCOPE, src, frozenset())
-    keyed = _store(str(tmp_path / "signed"), Keyring(verify_keys=[K1]))
+    artifact_store(str(tmp_path / "signed"), Keyring(K1)).upload_cache(
+        "triton", SCOPE, src, frozenset()
+    )
+    keyed = artifact_store(str(tmp_path / "signed"), Keyring(verify_keys=[K1]))
     assert keyed.fetch_cache("triton", SCOPE, tmp_path / "b").installed == 4
     store.chmod(0o777)  # others could have planted it
     with caplog.at_level(logging.WARNING, logger="plancache"):
-        got = _store(str(store)).fetch_cache("triton", SCOPE, tmp_path / "c")
+        got = artifact_store(str(store)).fetch_cache("triton", SCOPE, tmp_path / "c")
     assert got.reason == "untrusted" and not (tmp_path / "c" / ("K" * 52)).exists()
     assert [r for r in caplog.records if str(store) in r.getMessage()]
 
@@ -235,11 +229,11 @@ def test_a_remote_store_is_trusted_unsigned_only_when_told(
     src = tmp_path / "src"
     for i in range(2):
         _kernel(src, f"{i}" * 52)
-    producer = _store(url, options=options, trust_unsigned=True)
+    producer = artifact_store(url, options=options, trust_unsigned=True)
     assert producer.upload_cache("triton", SCOPE, src, frozenset()) == (8, {"store": True})
-    plain = _store(url, options=options).fetch_cache("triton", SCOPE, tmp_path / "a")
+    plain = artifact_store(url, options=options).fetch_cache("triton", SCOPE, tmp_path / "a")
     assert plain.reason == "untrusted" and not (tmp_path / "a").exists()
-    trusting = _store(url, options=options, trust_unsigned=True)
+    trusting = artifact_store(url, options=options, trust_unsigned=True)
     got = trusting.fetch_cache("triton", SCOPE, tmp_path / "b")
     assert (got.reason, got.installed) == ("hit", 8)
 
@@ -248,7 +242,7 @@ def test_the_inventory_lists_verifies_and_prunes_bundles(tmp_path: Path) -> None
     store = tmp_path / "store"
     src = tmp_path / "src"
     _kernel(src, "K" * 52, body=b"C" * 4096)
-    _store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
+    artifact_store(str(store)).upload_cache("triton", SCOPE, src, frozenset())
     layer = LocalStore(str(store))
     [name] = inventory.names(layer, inventory.CACHES)
     [entry] = list(inventory.scan(layer, kind=inventory.CACHES))
@@ -277,11 +271,13 @@ def test_flashinfer_autotune_files_as_vllm_writes_them(tmp_path: Path) -> None:
         (config / f"autotune_configs_dp0_rank{rank}.json").write_bytes(b'{"tactics": {}}')
     (config / ".autotune_configs_dp0_rank1.json.ab12.tmp").write_bytes(b'{"tac')
     store = str(tmp_path / "store")
-    assert _store(store).upload_cache("flashinfer_autotune", scope, root, frozenset())[0] == 2
+    assert (
+        artifact_store(store).upload_cache("flashinfer_autotune", scope, root, frozenset())[0] == 2
+    )
     node = tmp_path / "node" / "0.6.1" / "90a"
     (node / ("c" * 64)).mkdir(parents=True)
     (node / ("c" * 64) / "autotune_configs_dp0_rank0.json").write_bytes(b"its own")
-    got = _store(store).fetch_cache("flashinfer_autotune", scope, node)
+    got = artifact_store(store).fetch_cache("flashinfer_autotune", scope, node)
     assert (got.reason, got.installed) == ("hit", 1)
     assert (node / ("c" * 64) / "autotune_configs_dp0_rank0.json").read_bytes() == b"its own"
     assert sorted(p.name for p in (node / ("c" * 64)).iterdir()) == [

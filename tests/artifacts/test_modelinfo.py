@@ -13,11 +13,10 @@ import orjson
 import pytest
 
 from plancache._artifacts import modelinfo
-from plancache._artifacts.share import ArtifactStore, CompileSettings
-from plancache._config import Settings
 from plancache._signing import Keyring
 from plancache.errors import ArtifactError, UnreadableHereError
 from plancache.testing.servers import MotoS3
+from tests.artifacts.helpers import artifact_store
 
 K1 = "k1-" + "a" * 30
 HASH = "f" * 64
@@ -28,18 +27,6 @@ WHERE = ("0.33.0", "vllm.model_executor.models.llama", "LlamaForCausalLM")
 @pytest.fixture(autouse=True)
 def _node_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "node"))
-
-
-def _store(url: str, keyring: Keyring | None = None, **kw: Any) -> ArtifactStore:
-    options = kw.pop("options", {})
-    settings = Settings(
-        url,
-        local_tier=kw.pop("local_tier", None),
-        storage_options=options,
-        keyring=keyring or Keyring(),
-        timeout=30.0,
-    )
-    return ArtifactStore(settings, CompileSettings(**kw))
 
 
 def _info(keyring: Keyring | None = None, file: dict[str, Any] = FILE) -> modelinfo.ModelInfo:
@@ -69,7 +56,7 @@ def test_envelopes_are_checked_on_every_decode() -> None:
 
 
 def test_a_new_node_gets_the_file_and_keeps_its_own(tmp_path: Path) -> None:
-    shared = _store(str(tmp_path / "store"))
+    shared = artifact_store(str(tmp_path / "store"))
     assert shared.upload_model_info(_info()) == {"store": True}
     assert shared.upload_model_info(_info()) == {"store": False}  # create-if-absent
     target = tmp_path / "new" / "modelinfos" / "llama.json"
@@ -83,7 +70,7 @@ def test_a_new_node_gets_the_file_and_keeps_its_own(tmp_path: Path) -> None:
 
 
 def test_a_file_for_another_source_or_a_tampered_one_is_never_installed(tmp_path: Path) -> None:
-    shared = _store(str(tmp_path / "store"))
+    shared = artifact_store(str(tmp_path / "store"))
     info = _info()
     (tmp_path / "store").mkdir()
     lying = {**orjson.loads(info.encode()), "file": {**FILE, "hash": "0" * 64}}
@@ -95,19 +82,19 @@ def test_a_file_for_another_source_or_a_tampered_one_is_never_installed(tmp_path
 
 def test_trust_follows_compile_artifacts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = tmp_path / "store"
-    _store(str(store)).upload_model_info(_info())
-    keyed = _store(str(store), Keyring(verify_keys=[K1]))
+    artifact_store(str(store)).upload_model_info(_info())
+    keyed = artifact_store(str(store), Keyring(verify_keys=[K1]))
     target = tmp_path / "n" / "f.json"
     assert keyed.fetch_model_info(_info().name, HASH, target).reason == "invalid"  # unsigned
     os.unlink(store / _info().name)
-    _store(str(store), Keyring(K1)).upload_model_info(_info(Keyring(K1)))
+    artifact_store(str(store), Keyring(K1)).upload_model_info(_info(Keyring(K1)))
     assert keyed.fetch_model_info(_info().name, HASH, target).reason == "hit"
     target.unlink()
     os.unlink(store / _info().name)
-    _store(str(store)).upload_model_info(_info())
+    artifact_store(str(store)).upload_model_info(_info())
     store.chmod(0o777)  # others could have planted it
     with caplog.at_level(logging.WARNING, logger="plancache"):
-        fetched = _store(str(store)).fetch_model_info(_info().name, HASH, target)
+        fetched = artifact_store(str(store)).fetch_model_info(_info().name, HASH, target)
     assert fetched.reason == "untrusted" and not target.exists()
     assert [r for r in caplog.records if str(store) in r.getMessage()]
 
@@ -116,13 +103,13 @@ def test_a_remote_store_is_trusted_unsigned_only_when_told(
     tmp_path: Path, moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     url, options = f"s3://{s3_bucket}/fleet", {"endpoint_url": moto_s3.endpoint, "timeout": 30.0}
-    producer = _store(url, options=options, trust_unsigned=True)
+    producer = artifact_store(url, options=options, trust_unsigned=True)
     assert producer.upload_model_info(_info()) == {"store": True}
     target = tmp_path / "n" / "f.json"
-    plain = _store(url, options=options)
+    plain = artifact_store(url, options=options)
     assert plain.fetch_model_info(_info().name, HASH, target).reason == "untrusted"
     assert not target.exists()
-    trusting = _store(url, options=options, trust_unsigned=True)
+    trusting = artifact_store(url, options=options, trust_unsigned=True)
     assert trusting.fetch_model_info(_info().name, HASH, target).reason == "hit"
 
 
