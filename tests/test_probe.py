@@ -20,12 +20,15 @@ from plancache._backends import open_store
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
 from plancache._backends.guarded import (
     PROBE_ATTEMPTS,
+    SHARED_VERDICT,
     VERDICTS_DIR,
     GuardedStore,
     VerdictCache,
 )
 from plancache._config import Settings
+from plancache._objects import Update
 from plancache._probe import CHECK_REQUESTS, STEPS, ProbeResult, StoreVerdict, probe
+from plancache._signing import Keyring
 from plancache.errors import PlanStoreUnavailableError
 from plancache.testing import FACTORS, GiB, child_env, make_plan
 from plancache.testing.hostile import FaultyProxy, LyingProxy, writes
@@ -33,6 +36,9 @@ from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3,
 from tests.cli.helpers import run
 
 WRITE_METHODS = {"PUT", "POST", "DELETE", "PATCH"}
+#: failed requests that leave a guard without a verdict: the shared verdict's read, then the
+#: first request of each probe attempt, each with the client's one retry
+NO_VERDICT_FAILURES = 2 * (1 + PROBE_ATTEMPTS)
 #: HTTP requests of a passing probe: the checks, and two deletes (S3: HEAD + DELETE each)
 MAX_HTTP = {"s3": CHECK_REQUESTS + 4, "gs": CHECK_REQUESTS + 2}
 
@@ -274,7 +280,7 @@ def test_no_verdict_from_the_warm_up_probe_does_not_block_the_first_write(
 ) -> None:
     """The probe started when the store is warmed (a boot's busiest seconds) finds no
     verdict: the first write probes again instead of failing for ``retry_s``."""
-    failing = 2 * PROBE_ATTEMPTS
+    failing = NO_VERDICT_FAILURES
     proxy = FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)
     with behind(proxy) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=600.0)
@@ -283,7 +289,7 @@ def test_no_verdict_from_the_warm_up_probe_does_not_block_the_first_write(
         while len(proxy.requests) < failing and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # its last answer reached the probe
-        assert len(proxy.requests) == failing  # the early probe's three attempts, no verdict
+        assert len(proxy.requests) == failing  # the early probe's read and attempts, no verdict
         assert guarded.put(make_plan()) is PutOutcome.CREATED
 
 
@@ -293,7 +299,7 @@ def test_no_verdict_is_retried_at_a_later_write(
     """503 on the first request and its retry, in each of the probe's attempts: no verdict,
     nothing written, nothing cached; a write after ``retry_s`` probes again and, the store
     now answering, writes."""
-    failing = 2 * PROBE_ATTEMPTS
+    failing = NO_VERDICT_FAILURES
     with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=0.2)
         with pytest.raises(PlanStoreUnavailableError, match="no verdict"):
@@ -324,3 +330,91 @@ def test_cached_verdicts_expire_and_bad_files_are_no_verdict(tmp_path: Path) -> 
     assert cache.load("s3://b/p\nhttp://e") is None  # from the future
     path.write_text("{not json")
     assert cache.load("s3://b/p\nhttp://e") is None
+
+
+# -- one verdict for the fleet ------------------------------------------------------------------
+KEY_A, KEY_B = "a" * 32, "b" * 32
+
+
+def _shared(server: tuple[str, str, dict[str, Any]]) -> tuple[dict[str, Any], object]:
+    found = _bare(server).probe_store().read_object(SHARED_VERDICT, 4096)
+    assert found is not None
+    return json.loads(found[0]), found[1]
+
+
+def _node(
+    store: RemoteStore, tmp_path: Path, name: str, keys: Keyring | None = None
+) -> GuardedStore:
+    if keys is not None:
+        store.use_keyring(keys)
+    return GuardedStore(store, VerdictCache(tmp_path / name))
+
+
+def test_the_first_probers_verdict_serves_the_other_nodes(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A rollout's nodes read the verdict the first prober shared: one request each, no
+    probe; a verdict about another endpoint, or too old, is not taken: that node probes."""
+    with behind(CountingProxy(upstream(server))) as (store, proxy):
+        assert _node(store, tmp_path, "first").verdict().verdict is StoreVerdict.HONEST
+        record, _ = _shared(server)
+        assert record["verdict"] == "honest" and "signature" not in record
+        for n in range(3):
+            proxy.reset()
+            assert _node(store, tmp_path, f"n{n}").verdict().verdict is StoreVerdict.HONEST
+            assert len(proxy.requests) == 1 and proxy.requests[0][0] == "GET", proxy.requests
+    with behind(CountingProxy(upstream(server))) as (store, proxy):  # another endpoint
+        assert _node(store, tmp_path, "other").verdict().verdict is StoreVerdict.HONEST
+        assert _writes(proxy), "the verdict of another endpoint was taken"
+    bare = _bare(server).probe_store()
+    record, version = _shared(server)
+    stale = {**record, "at": time.time() - 2 * 86400}
+    assert bare.write_object(SHARED_VERDICT, (json.dumps(stale).encode(),), Update(version))
+    with behind(CountingProxy(upstream(server))) as (store, proxy):
+        assert _node(store, tmp_path, "late").verdict().verdict is StoreVerdict.HONEST
+        assert _writes(proxy)  # probed, and shared a fresh verdict
+    assert _shared(server)[0]["at"] > time.time() - 60
+
+
+def test_a_shared_lie_stops_writes_without_a_probe(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    with behind(LyingProxy(upstream(server))) as (store, proxy):
+        assert _node(store, tmp_path, "first").verdict().verdict is StoreVerdict.LIES
+        proxy.reset()
+        second = _node(store, tmp_path, "second")
+        assert second.verdict().verdict is StoreVerdict.LIES
+        assert _writes(proxy) == []
+
+
+def test_with_keys_only_a_signed_verdict_is_taken(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Where keys are set, a shared verdict counts only if an accepted key signed it: an
+    unsigned one, a tampered one and one signed by another key make the node probe."""
+    with behind(CountingProxy(upstream(server))) as (store, proxy):
+        assert _node(store, tmp_path, "unsigned").verdict().verdict is StoreVerdict.HONEST
+    with behind(CountingProxy(upstream(server))) as (store, proxy):
+        signer = _node(store, tmp_path, "signer", Keyring(KEY_A))
+        assert signer.verdict().verdict is StoreVerdict.HONEST
+        assert _writes(proxy)  # the unsigned verdict was not taken
+        record, version = _shared(server)
+        assert "signature" in record
+        proxy.reset()
+        verifier = _node(store, tmp_path, "verifier", Keyring(None, [KEY_A]))
+        assert verifier.verdict().verdict is StoreVerdict.HONEST
+        assert len(proxy.requests) == 1  # signed by an accepted key: taken
+        proxy.reset()
+        assert _node(store, tmp_path, "b", Keyring(None, [KEY_B])).verdict().verdict is (
+            StoreVerdict.HONEST
+        )
+        assert _writes(proxy)  # signed by a key it does not accept: probed, shared nothing
+        assert "signature" in _shared(server)[0]
+        record, version = _shared(server)
+        forged = {**record, "verdict": "lies", "step": "create-existing"}
+        bare = _bare(server).probe_store()
+        assert bare.write_object(SHARED_VERDICT, (json.dumps(forged).encode(),), Update(version))
+        proxy.reset()
+        tampered = _node(store, tmp_path, "tampered", Keyring(None, [KEY_A]))
+        assert tampered.verdict().verdict is StoreVerdict.HONEST  # its own probe
+        assert _writes(proxy)

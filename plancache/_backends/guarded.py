@@ -20,7 +20,14 @@ found by then. Then, per verdict:
 
 ``honest`` and ``lies`` are cached on disk (``<local dir>/conformance/``, one small JSON file
 per store) and in memory for ``VERDICT_TTL_S`` (one day); the others only in memory, for
-``RETRY_S``. ``trust=True`` (``PLANCACHE_TRUST_PRECONDITIONS=1``) skips the probe and writes
+``RETRY_S``. They are also shared between nodes: the prober writes its verdict to the store
+(``SHARED_VERDICT`` under the probe prefix, signed with the signing key where one is set), and
+a node without a verdict of its own reads it before probing: one request instead of a
+probe's sixteen, where a rollout's nodes would all probe at once. A shared verdict is taken
+only if it is about the same endpoint, younger than ``VERDICT_TTL_S``, and, where keys are
+set, signed by an accepted key; anything else is no verdict and the node probes.
+
+``trust=True`` (``PLANCACHE_TRUST_PRECONDITIONS=1``) skips the probe and writes
 anyway, logging a WARNING at every open: on a store that ignores preconditions, concurrent
 writers then lose observations and tombstones.
 """
@@ -45,7 +52,7 @@ from plancache import _background as background
 from plancache._backends import open_store
 from plancache._backends._remote import RemoteStore
 from plancache._background import Job
-from plancache._objects import CREATE, WriteMode
+from plancache._objects import CREATE, Update, WriteMode
 from plancache._plan import Plan
 from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
 from plancache._redaction import scrub
@@ -67,6 +74,12 @@ BACKOFF_S = 0.5
 ``PROBE_ATTEMPTS`` in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
 RETRY_S = 60.0
 """Seconds before a write probes again after ``unknown`` or ``read-only``."""
+SHARED_VERDICT = "verdict.json"
+"""The object, under the probe prefix, that holds the last prober's verdict for every node."""
+SHARED_LIMIT = 4096
+"""Most bytes read of a shared verdict."""
+CLOCK_SKEW_S = 300.0
+"""Seconds a shared verdict may be dated in the future (another node's clock)."""
 TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
 """The setting that writes without (or despite) the probe."""
 _KEPT = (StoreVerdict.HONEST, StoreVerdict.LIES)
@@ -95,14 +108,15 @@ class VerdictCache:
             return None
         return result, age
 
-    def save(self, identity: str, store: str, result: ProbeResult) -> None:
-        """Cache ``result`` (atomically: a temp file renamed); failures are logged."""
+    def save(self, identity: str, store: str, result: ProbeResult, at: float | None = None) -> None:
+        """Cache ``result``, found at ``at`` (default: now), atomically (a temp file renamed);
+        failures are logged."""
         record = {
             "store": store,
             "verdict": result.verdict.value,
             "step": result.step,
             "detail": result.detail,
-            "at": time.time(),
+            "at": time.time() if at is None else at,
         }
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -121,6 +135,11 @@ class VerdictCache:
 def identity(store: RemoteStore) -> str:
     """What a verdict is about: the store's URL and the endpoint its client talks to."""
     return f"{store.url}\n{store.endpoint()}"
+
+
+def _endpoint_id(ident: str) -> str:
+    """``identity`` as a shared verdict names it (a hash: no endpoint in the store)."""
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 class GuardedStore(ForwardingStore):
@@ -279,6 +298,12 @@ class GuardedStore(ForwardingStore):
         cached = self.verdicts.load(ident) if self.verdicts is not None else None
         if cached is not None:
             return cached[0], VERDICT_TTL_S - cached[1]
+        shared = self._shared(ident)
+        if isinstance(shared, tuple):
+            result, at = shared
+            if self.verdicts is not None:
+                self.verdicts.save(ident, self.url, result, at)
+            return result, VERDICT_TTL_S - max(0.0, time.time() - at)
         deadline = time.monotonic() + self.probe_timeout
         result = probe(self.store.probe_store(), timeout=self.probe_timeout)
         for attempt in range(1, PROBE_ATTEMPTS):  # a store that sheds load (503, 429) answers later
@@ -291,8 +316,58 @@ class GuardedStore(ForwardingStore):
         if result.verdict in _KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
+            self._share(ident, result, shared)
             return result, VERDICT_TTL_S
         return result, self.retry_s
+
+    def _shared(self, ident: str) -> tuple[ProbeResult, float] | object | None:
+        """The verdict another node shared and when it was found, if it may be taken (see
+        the module); else the stored object's version (to replace it), or None if absent
+        or unreadable. Never raises."""
+        try:
+            found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
+        except Exception as exc:  # fail-open: this node probes
+            log.debug("plancache: %s: shared verdict not read: %s", self.url, scrub(str(exc)))
+            return None
+        if found is None:
+            return None
+        data, version = found
+        try:
+            self.store.keyring.check_foreign(data)
+            record = orjson.loads(data)
+            result = ProbeResult(StoreVerdict(record["verdict"]), record["step"], record["detail"])
+            at = float(record["at"])
+            mine = record["endpoint"] == _endpoint_id(ident)
+        except Exception:  # unsigned where keys are set, malformed: no verdict
+            return version
+        fresh = -CLOCK_SKEW_S <= time.time() - at < VERDICT_TTL_S
+        if mine and fresh and result.verdict in _KEPT and isinstance(result.step, str | None):
+            log.debug("plancache: %s: verdict %s shared by a node", self.url, result.verdict.value)
+            return result, at
+        return version
+
+    def _share(self, ident: str, result: ProbeResult, stored: object) -> None:
+        """Write ``result`` as the shared verdict: created, or replacing the stale one whose
+        version is ``stored``; a node that wrote it first wins. A node that checks signatures
+        but holds no signing key shares nothing (its nodes would not take it). Never raises."""
+        keyring = self.store.keyring
+        if keyring.requires_signature and not keyring.can_sign:
+            return
+        record: dict[str, Any] = {
+            "verdict": result.verdict.value,
+            "step": result.step,
+            "detail": result.detail,
+            "at": time.time(),
+            "endpoint": _endpoint_id(ident),
+        }
+        if keyring.can_sign:
+            payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+            record["signature"] = keyring.sign_payload(payload).to_dict()
+        mode = CREATE if stored is None else Update(stored)
+        try:
+            self.store.probe_store().write_object(SHARED_VERDICT, (orjson.dumps(record),), mode)
+        except Exception as exc:  # fail-open: the next node probes too
+            log.debug("plancache: %s: verdict not shared: %s", self.url, scrub(str(exc)))
 
     def _report(self, result: ProbeResult) -> None:
         """One log line per verdict found: ERROR for ``lies``."""
