@@ -299,7 +299,7 @@ class GuardedStore(ForwardingStore):
         if cached is not None:
             return cached[0], VERDICT_TTL_S - cached[1]
         shared = self._shared(ident)
-        if isinstance(shared, tuple):
+        if shared is not None:
             result, at = shared
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result, at)
@@ -316,58 +316,31 @@ class GuardedStore(ForwardingStore):
         if result.verdict in _KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
-            self._share(ident, result, shared)
+            share(self.store, result)
             return result, VERDICT_TTL_S
         return result, self.retry_s
 
-    def _shared(self, ident: str) -> tuple[ProbeResult, float] | object | None:
+    def _shared(self, ident: str) -> tuple[ProbeResult, float] | None:
         """The verdict another node shared and when it was found, if it may be taken (see
-        the module); else the stored object's version (to replace it), or None if absent
-        or unreadable. Never raises."""
+        the module); else None. Never raises."""
         try:
             found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
-        except Exception as exc:  # fail-open: this node probes
-            log.debug("plancache: %s: shared verdict not read: %s", self.url, scrub(str(exc)))
+            if found is None:
+                return None
+            self.store.keyring.check_foreign(found[0])
+            record = orjson.loads(found[0])
+            result = ProbeResult(
+                StoreVerdict(record["verdict"]), record["step"], str(record["detail"])
+            )
+            at, mine = float(record["at"]), record["endpoint"] == _endpoint_id(ident)
+        except Exception as exc:  # unreadable, unsigned where keys are set: this node probes
+            log.debug("plancache: %s: shared verdict not taken: %s", self.url, scrub(str(exc)))
             return None
-        if found is None:
-            return None
-        data, version = found
-        try:
-            self.store.keyring.check_foreign(data)
-            record = orjson.loads(data)
-            result = ProbeResult(StoreVerdict(record["verdict"]), record["step"], record["detail"])
-            at = float(record["at"])
-            mine = record["endpoint"] == _endpoint_id(ident)
-        except Exception:  # unsigned where keys are set, malformed: no verdict
-            return version
         fresh = -CLOCK_SKEW_S <= time.time() - at < VERDICT_TTL_S
         if mine and fresh and result.verdict in _KEPT and isinstance(result.step, str | None):
             log.debug("plancache: %s: verdict %s shared by a node", self.url, result.verdict.value)
             return result, at
-        return version
-
-    def _share(self, ident: str, result: ProbeResult, stored: object) -> None:
-        """Write ``result`` as the shared verdict: created, or replacing the stale one whose
-        version is ``stored``; a node that wrote it first wins. A node that checks signatures
-        but holds no signing key shares nothing (its nodes would not take it). Never raises."""
-        keyring = self.store.keyring
-        if keyring.requires_signature and not keyring.can_sign:
-            return
-        record: dict[str, Any] = {
-            "verdict": result.verdict.value,
-            "step": result.step,
-            "detail": result.detail,
-            "at": time.time(),
-            "endpoint": _endpoint_id(ident),
-        }
-        if keyring.can_sign:
-            payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
-            record["signature"] = keyring.sign_payload(payload).to_dict()
-        mode = CREATE if stored is None else Update(stored)
-        try:
-            self.store.probe_store().write_object(SHARED_VERDICT, (orjson.dumps(record),), mode)
-        except Exception as exc:  # fail-open: the next node probes too
-            log.debug("plancache: %s: verdict not shared: %s", self.url, scrub(str(exc)))
+        return None
 
     def _report(self, result: ProbeResult) -> None:
         """One log line per verdict found: ERROR for ``lies``."""
@@ -391,6 +364,33 @@ class GuardedStore(ForwardingStore):
                 result.verdict.value,
                 where,
             )
+
+
+def share(store: RemoteStore, result: ProbeResult) -> None:
+    """Write ``result`` as ``store``'s shared verdict (see the module), over the one stored
+    (compare-and-swap: of two nodes replacing it at once, one wins). A node that checks
+    signatures but holds no signing key shares nothing (its nodes would not take it).
+    Never raises."""
+    keyring = store.keyring
+    if keyring.requires_signature and not keyring.can_sign:
+        return
+    record: dict[str, Any] = {
+        "verdict": result.verdict.value,
+        "step": result.step,
+        "detail": result.detail,
+        "at": time.time(),
+        "endpoint": _endpoint_id(identity(store)),
+    }
+    if keyring.can_sign:
+        payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+        record["signature"] = keyring.sign_payload(payload).to_dict()
+    layer = store.probe_store()
+    try:
+        found = layer.read_object(SHARED_VERDICT, SHARED_LIMIT)
+        mode = CREATE if found is None else Update(found[1])
+        layer.write_object(SHARED_VERDICT, (orjson.dumps(record),), mode)
+    except Exception as exc:  # fail-open: the next node probes too
+        log.debug("plancache: %s: verdict not shared: %s", store.url, scrub(str(exc)))
 
 
 def open_guarded(

@@ -38,6 +38,7 @@ from plancache._backends.guarded import (
     VERDICTS_DIR,
     VerdictCache,
     identity,
+    share,
 )
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
@@ -166,6 +167,7 @@ class _Doctor:
         if result.verdict in (StoreVerdict.HONEST, StoreVerdict.LIES):
             cache = VerdictCache(Path(self.settings.local_dir) / VERDICTS_DIR)
             cache.save(identity(store), store.url, result)
+            share(store, result)  # what the fleet's nodes read before probing
 
     def clock(self, store: RemoteStore) -> None:
         endpoint = store.endpoint()
