@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import itertools
 import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -130,6 +132,25 @@ class CappedSession(AIOHTTPSession):  # type: ignore[misc]
         return response
 
 
+_SESSION_OPTIONS = frozenset(inspect.signature(AioSession.__init__).parameters) - {"self"}
+_loader_lock = threading.Lock()
+_loader: Any = None
+
+
+def _session(options: dict[str, Any]) -> AioSession:
+    """A botocore session for one store's clients (taking its options out of ``options``),
+    whose data loader, botocore's parsed service model and endpoint data, every store of the
+    process shares: parsing them again cost about 100 ms of CPU per client on the boot path."""
+    global _loader
+    session = AioSession(**{k: options.pop(k) for k in list(options) if k in _SESSION_OPTIONS})
+    with _loader_lock:
+        if _loader is None:
+            _loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _loader)
+    return session
+
+
 class S3Store(RemoteStore):
     """``s3://bucket/prefix``: atomic create and compare-and-swap by conditional ``PutObject``."""
 
@@ -145,6 +166,8 @@ class S3Store(RemoteStore):
             "retries", {"total_max_attempts": self.timeouts.retries + 1, "mode": "standard"}
         )
         config["http_session_cls"] = CappedSession
+        if options.get("session") is None:  # one session for both clients
+            options["session"] = _session(options)
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         # streams (a part's upload, completing a large upload, a body read chunk by chunk)
         # wait longer per attempt than the read timeout sized for plans allows
