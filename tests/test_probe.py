@@ -36,9 +36,9 @@ from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3,
 from tests.cli.helpers import run
 
 WRITE_METHODS = {"PUT", "POST", "DELETE", "PATCH"}
-#: failed requests that leave a guard without a verdict: the shared verdict's read, then the
-#: first request of each probe attempt, each with the client's one retry
-NO_VERDICT_FAILURES = 2 * (1 + PROBE_ATTEMPTS)
+#: failed requests that leave a guard without a verdict: each attempt's first request (the
+#: read of the shared verdict; it fails, so no probe follows), with the client's one retry
+NO_VERDICT_FAILURES = 2 * PROBE_ATTEMPTS
 #: HTTP requests of a passing probe: the checks, and two deletes (S3: HEAD + DELETE each)
 MAX_HTTP = {"s3": CHECK_REQUESTS + 4, "gs": CHECK_REQUESTS + 2}
 
@@ -418,3 +418,16 @@ def test_with_keys_only_a_signed_verdict_is_taken(
         tampered = _node(store, tmp_path, "tampered", Keyring(None, [KEY_A]))
         assert tampered.verdict().verdict is StoreVerdict.HONEST  # its own probe
         assert _writes(proxy)
+
+
+def test_a_store_too_loaded_to_answer_the_verdict_read_is_not_probed(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Where the shared verdict's read fails (503), a probe would fail too and add sixteen
+    requests to a store already shedding load: each attempt backs off and reads again."""
+    shedding = FaultyProxy(upstream(server), 503, lambda n, m, p: SHARED_VERDICT in p)
+    with behind(shedding) as (store, proxy):
+        result = _node(store, tmp_path, "n").verdict()
+        assert result.verdict is StoreVerdict.UNKNOWN and "shared verdict" in result.detail
+        assert _writes(proxy) == []
+        assert all(SHARED_VERDICT in p for _, p in proxy.requests), proxy.requests

@@ -57,7 +57,7 @@ from plancache._plan import Plan
 from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
 from plancache._redaction import scrub
 from plancache._store import ForwardingStore, PlanStore, Put
-from plancache.errors import PlanStoreReadOnlyError, PlanStoreUnavailableError
+from plancache.errors import PlanStoreError, PlanStoreReadOnlyError, PlanStoreUnavailableError
 from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreconditionsError
 
 log = logging.getLogger("plancache")
@@ -298,21 +298,28 @@ class GuardedStore(ForwardingStore):
         cached = self.verdicts.load(ident) if self.verdicts is not None else None
         if cached is not None:
             return cached[0], VERDICT_TTL_S - cached[1]
-        shared = self._shared(ident)
-        if shared is not None:
-            result, at = shared
-            if self.verdicts is not None:
-                self.verdicts.save(ident, self.url, result, at)
-            return result, VERDICT_TTL_S - max(0.0, time.time() - at)
         deadline = time.monotonic() + self.probe_timeout
-        result = probe(self.store.probe_store(), timeout=self.probe_timeout)
-        for attempt in range(1, PROBE_ATTEMPTS):  # a store that sheds load (503, 429) answers later
-            pause = random.uniform(0.5, 1.5) * BACKOFF_S * 2 ** (attempt - 1)
-            left = deadline - time.monotonic() - pause
-            if result.verdict is not StoreVerdict.UNKNOWN or left < 1.0:
+        result = ProbeResult(StoreVerdict.UNKNOWN, None, "not probed")
+        for attempt in range(PROBE_ATTEMPTS):  # a store that sheds load (503, 429) answers later
+            if attempt:
+                pause = random.uniform(0.5, 1.5) * BACKOFF_S * 2 ** (attempt - 1)
+                if deadline - time.monotonic() - pause < 1.0:
+                    break
+                time.sleep(pause)
+            try:
+                shared = self._shared(ident)
+            except PlanStoreError as exc:  # a probe now would fail too, and add to the load
+                why = scrub(f"the shared verdict could not be read: {exc}")
+                result = ProbeResult(StoreVerdict.UNKNOWN, None, why)
+                continue
+            if shared is not None:
+                found, at = shared
+                if self.verdicts is not None:
+                    self.verdicts.save(ident, self.url, found, at)
+                return found, VERDICT_TTL_S - max(0.0, time.time() - at)
+            result = probe(self.store.probe_store(), timeout=deadline - time.monotonic())
+            if result.verdict is not StoreVerdict.UNKNOWN:
                 break
-            time.sleep(pause)
-            result = probe(self.store.probe_store(), timeout=left)
         if result.verdict in _KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
@@ -322,11 +329,11 @@ class GuardedStore(ForwardingStore):
 
     def _shared(self, ident: str) -> tuple[ProbeResult, float] | None:
         """The verdict another node shared and when it was found, if it may be taken (see
-        the module); else None. Never raises."""
+        the module); else None. Raises ``PlanStoreError`` where the store did not answer."""
+        found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
+        if found is None:
+            return None
         try:
-            found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
-            if found is None:
-                return None
             self.store.keyring.check_foreign(found[0])
             record = orjson.loads(found[0])
             result = ProbeResult(
