@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -221,6 +222,35 @@ class _Pace:
             )
 
 
+JOIN_S = 1.0
+"""Seconds a boot at its first forward still waits for a fetch that has not begun to stream
+an accepted artifact: a store that did not answer while the weights loaded is not waited
+for (one that streams is, until the pace or the deadline gives up)."""
+_POLL_S = 0.05
+
+
+def join_fetch(
+    job: Job[Any],
+    deadline: float,
+    streaming: threading.Event,
+    cancelled: threading.Event,
+    grace: float = JOIN_S,
+) -> bool:
+    """Wait for ``job``, a fetch started before the first forward (``ArtifactStore.fetch``
+    with ``streaming`` and ``cancelled``): until ``deadline`` (monotonic) once it streams,
+    else at most ``grace`` seconds more. True if it ended; else ``cancelled`` is set (it
+    installs nothing after this) and False."""
+    give_up = time.monotonic() + grace
+    while not job.done():
+        limit = deadline if streaming.is_set() else min(deadline, give_up)
+        left = limit - time.monotonic()
+        if left <= 0:
+            cancelled.set()
+            return False
+        job.join(min(left, _POLL_S))
+    return True
+
+
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -366,14 +396,15 @@ class ArtifactStore:
         *,
         deadline: float | None = None,
         cancelled: Callable[[], bool] = lambda: False,
+        streaming: threading.Event | None = None,
     ) -> Fetched:
         """Install the artifact of (key, rank) into ``target`` (vLLM's ``<key>`` directory)
         from the first source that holds a trusted, valid one; first removes what killed
         installs left in ``target`` (``remove_partial_installs``). Gives up (``slow``) as
         soon as the stream cannot beat the producer's compile time, at ``deadline``
         (monotonic; default: the fetch bound from now; ``timeout``), and once
-        ``cancelled()`` (nothing is installed after the caller stopped waiting). Never
-        raises."""
+        ``cancelled()`` (nothing is installed after the caller stopped waiting). Sets
+        ``streaming`` once a manifest is accepted (``join_fetch``). Never raises."""
         start = time.monotonic()
         deadline = start + self.compile.fetch_timeout if deadline is None else deadline
         name = object_name(key, rank)
@@ -391,16 +422,25 @@ class ArtifactStore:
                 opened = layer.open_object(name)
                 if opened is None:
                     continue
-                judge = functools.partial(
-                    self.judge, local=local, avoid=avoid, foreign=opened.foreign
+                judge = pace.watching(
+                    functools.partial(self.judge, local=local, avoid=avoid, foreign=opened.foreign)
                 )
+
+                def accept(
+                    manifest: Manifest, judge: Callable[[Manifest], str | None] = judge
+                ) -> str | None:
+                    why = judge(manifest)
+                    if why is None and streaming is not None:
+                        streaming.set()
+                    return why
+
                 try:
                     manifest = install(
                         _Deadline(opened, deadline, cancelled),
                         target,
                         key,
                         rank,
-                        accept=pace.watching(judge),
+                        accept=accept,
                         max_bytes=self.compile.max_bytes,
                         progress=pace.update,
                         proceed=lambda: not cancelled(),

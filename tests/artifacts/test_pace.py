@@ -5,13 +5,15 @@ stopped waiting. Real S3 (moto) behind a proxy that sends bodies at a set rate."
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache import _background as background
+from plancache._artifacts.share import JOIN_S, ArtifactStore, CompileSettings, join_fetch
 from plancache._config import Settings
 from plancache.testing.servers import CountingProxy, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
@@ -76,3 +78,33 @@ def test_nothing_is_installed_once_the_boot_stopped_waiting(
         tmp_path / "other" / KEY, KEY, RANK, deadline=late, cancelled=lambda: False
     )
     assert fetched.reason == "hit"
+
+
+def test_a_boot_at_its_first_forward_waits_for_a_store_only_while_it_streams(
+    tmp_path: Path, moto_s3: MotoS3, stored: Any
+) -> None:
+    """``join_fetch``: a store that has not answered by the first forward is waited for at
+    most ``JOIN_S`` more (then the fetch is cancelled); one that streams an accepted
+    artifact is waited for until it ends."""
+    url = stored(60.0)
+    with CountingProxy(moto_s3.endpoint, delay_s=20.0) as silent:
+        node = _store(url, silent.endpoint)
+        cancelled, streaming = threading.Event(), threading.Event()
+        start = time.monotonic()
+        job = background.start(
+            lambda: node.fetch(
+                tmp_path / "a" / KEY, KEY, RANK, cancelled=cancelled.is_set, streaming=streaming
+            )
+        )
+        assert not join_fetch(job, start + 60, streaming, cancelled)
+        assert JOIN_S <= time.monotonic() - start < JOIN_S + 1.0 and cancelled.is_set()
+    with CountingProxy(moto_s3.endpoint, bytes_per_s=4 * RATE) as slow:  # about 2 s
+        node = _store(url, slow.endpoint)
+        cancelled, streaming = threading.Event(), threading.Event()
+        job = background.start(
+            lambda: node.fetch(
+                tmp_path / "b" / KEY, KEY, RANK, cancelled=cancelled.is_set, streaming=streaming
+            )
+        )
+        assert join_fetch(job, time.monotonic() + 60, streaming, cancelled)
+        assert job.wait(0).reason == "hit" and streaming.is_set() and not cancelled.is_set()

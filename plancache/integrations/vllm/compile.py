@@ -62,6 +62,7 @@ from plancache._artifacts.share import (
     Uploads,
     artifact_id,
     as_observation,
+    join_fetch,
 )
 from plancache._background import Job
 from plancache._breaker import Breaker, Mark
@@ -247,6 +248,7 @@ def _prepare(
     prefetched: bool = False,
     deadline: float | None = None,
     cancelled: Callable[[], bool] = lambda: False,
+    streaming: threading.Event | None = None,
 ) -> Fetched | None:
     """Recover this node's crash marks of (key, rank) (an avoided copy is removed), then
     fetch and install the artifact if ``rank/model`` is missing, the store's opening and the
@@ -271,7 +273,9 @@ def _prepare(
             rank,
         )
         _remove(rank_dir)
-    fetched = artifacts.fetch(root, key, rank, avoid, deadline=deadline, cancelled=cancelled)
+    fetched = artifacts.fetch(
+        root, key, rank, avoid, deadline=deadline, cancelled=cancelled, streaming=streaming
+    )
     log.info(
         "plancache: compile artifact %s/%s: %s%s (%.3f s%s)",
         key[:12],
@@ -347,7 +351,8 @@ class _Prefetch:
         self.fetched: Fetched | None = None
         self.deadline = time.monotonic() + settings().fetch_timeout  # one bound, in all
         self.cancelled = threading.Event()
-        self.job = background.start(self._run, "plancache-compile-fetch")
+        self.streaming = threading.Event()
+        self.job: Job[object] = background.start(self._run, "plancache-compile-fetch")
 
     def _run(self) -> None:
         self.where = safely(_aot_path, self.model)
@@ -355,16 +360,23 @@ class _Prefetch:
         if self.where is not None:
             root, rank = self.where
             self.fetched = safely(
-                _prepare, root, root.name, rank, True, self.deadline, self.cancelled.is_set
+                _prepare,
+                root,
+                root.name,
+                rank,
+                True,
+                self.deadline,
+                self.cancelled.is_set,
+                self.streaming,
             )
 
     def join(self) -> tuple[Path, str] | None:
-        """Wait for the prefetch until its deadline (the fetch bound from its start, the
-        store's opening included); where it fetched for, or None if it computed no path or
-        is still running: then it is cancelled, and installs nothing after this."""
-        if self.job.join(max(0.0, self.deadline - time.monotonic())):
+        """Wait for the prefetch (``join_fetch``: until its deadline, the fetch bound from
+        its start with the store's opening included, once it streams; else ``JOIN_S``);
+        where it fetched for, or None if it computed no path or is still running: then it
+        is cancelled, and installs nothing after this."""
+        if join_fetch(self.job, self.deadline, self.streaming, self.cancelled):
             return self.where
-        self.cancelled.set()
         return None
 
 
