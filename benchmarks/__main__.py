@@ -3,7 +3,8 @@
 ``python -m benchmarks`` runs the compile-artifact boots first (real vLLM compiles on this
 CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
 local store costs, ``import plancache`` cost, S3 and GCS costs on loopback servers it starts
-itself, write contention on one key, the fleet simulation, and the real-boot benchmark when
+itself, write contention on one key, the fleet simulation, rollouts of 100 and 1,000 nodes
+against S3 under load (``benchmarks.rollout``), and the real-boot benchmark when
 a GPU and vLLM are present (else it says it is skipped and why). The terminal shows one line
 per stage and ends with one table of the headline results; ``results.json`` (every figure),
 ``tables.txt`` (every table), ``results.png`` and ``bench.log`` (what the stages, their
@@ -31,6 +32,7 @@ from benchmarks import (
     machine,
     plugin_costs,
     report,
+    rollout,
     store_costs,
 )
 from plancache.testing import servers
@@ -60,7 +62,14 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds each fleet node's lookup and record may take (PLANCACHE_TIMEOUT)",
     )
     parser.add_argument(
-        "--fleet-only", action="store_true", help="run only the fleet simulation and sweep"
+        "--rollouts",
+        default="100:10,1000:90",
+        help="rollout simulations, as NODES:WINDOW_SECONDS,... (empty: none)",
+    )
+    parser.add_argument(
+        "--fleet-only",
+        action="store_true",
+        help="run only the fleet simulation, sweep and rollouts",
     )
     parser.add_argument(
         "--no-remote",
@@ -152,6 +161,20 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
         run.stage("fleet", fleet_what + results["fleet_store"], simulate)
         sweep_what = f"fleet sweep: {args.seeds} fleets, before and after (simulated time)"
         run.stage("sweep", sweep_what, sweep)
+        sizes = tuple(
+            (int(n), float(w)) for n, w in (x.split(":") for x in args.rollouts.split(",") if x)
+        )
+
+        def rollouts() -> None:
+            results["rollout"] = rollout.measure(work / "rollout", sizes)
+
+        what = "rollouts: " + ", ".join(f"{n} nodes in {w:g} s" for n, w in sizes)
+        if not sizes:
+            run.skip("rollout", "rollouts", "--rollouts is empty")
+        elif args.no_remote:
+            run.skip("rollout", what, "--no-remote")
+        else:
+            run.stage("rollout", what + " on S3 under load", rollouts)
     reason = boot.skip_reason()
     results["boot"] = f"skipped: {reason}" if reason else "available: run python -m benchmarks.boot"
     run.skip("boot", "real vLLM boots on a GPU", reason or "not in the main job")

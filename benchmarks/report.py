@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compile_share, plugin_costs
+from benchmarks import compile_share, plugin_costs, rollout
 
 PLOT = "plot"
 
@@ -96,6 +96,8 @@ def table(results: dict[str, Any]) -> str:
             "(requests: the store's primitive calls; sim: 5 ms per call, in-process)"
         )
         lines.append(contention_table(results["contention"]))
+    if results.get("rollout"):
+        lines += ["", rollout.table(results["rollout"])]
     lines.append("")
     lines.append(f"real boot: {results['boot']}")
     if "plugin_costs" in results:
@@ -284,6 +286,10 @@ def savings(results: dict[str, Any]) -> list[Row]:
                 f"{per_round['per-node']}; no node profiled twice in {clean}/{sweep['seeds']}",
             )
         )
+    if results.get("rollout"):
+        rows.append(Row(*rollout.row(results["rollout"])))
+    else:
+        rows.append(Row("rollout simulation", _why_missing(results, "rollout"), measured=False))
     if "boot" in results:
         rows.append(Row("KV profiling and compile, real GPU boots", results["boot"], None, False))
     return rows

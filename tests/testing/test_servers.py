@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from plancache.testing.servers import (
     FakeGCS,
     GCSDeletePreconditions,
     MotoS3,
+    S3UnderLoad,
     closed_port,
     gcs_server,
     s3_server,
@@ -158,3 +160,31 @@ def test_gcs_delete_preconditions_adds_what_fake_gcs_server_ignores(
         assert stored_generation() is None
         assert delete(guard.endpoint, generation) == 404
         assert [method for method, _ in guard.requests] == ["DELETE"] * 3
+
+
+def test_s3_under_load_sheds_requests_per_prefix_and_shares_one_link(
+    moto_s3: MotoS3, s3_bucket: str
+) -> None:
+    """Above its write rate on one prefix it answers S3's 503 SlowDown (another prefix is
+    not affected); bodies share one link: two 256 KiB reads at 1 MB/s take about 0.5 s."""
+    with S3UnderLoad(moto_s3.endpoint, writes_per_s=3, link_bytes_per_s=1e6) as proxy:
+        statuses = []
+        for i in range(5):
+            conn = http.client.HTTPConnection(proxy.endpoint.removeprefix("http://"), timeout=10)
+            conn.request("PUT", f"/{s3_bucket}/a/k{i}", body=b"x" * 10)
+            response = conn.getresponse()
+            body = response.read()
+            statuses.append(response.status)
+            conn.close()
+        assert statuses == [200, 200, 200, 503, 503], statuses
+        assert b"<Code>SlowDown</Code>" in body and proxy.throttled == 2
+        store = open_store(f"s3://{s3_bucket}/b", endpoint_url=proxy.endpoint, retries=0)
+        assert store.write_object("big", (b"y" * (256 << 10),))  # another prefix: taken
+        assert proxy.received_by_name["big"] == 256 << 10
+        start = time.monotonic()
+        threads = [threading.Thread(target=store.read_object, args=("big", 1 << 20)) for _ in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert time.monotonic() - start >= 0.45  # 512 KiB over one 1 MB/s link
