@@ -44,3 +44,52 @@ def compile_wanted(environ: Mapping[str, str] | None = None) -> bool:
     except ConfigError as exc:
         log.warning("plancache: compile artifacts not shared: %s", exc)
         return False
+
+
+def _vllm_compile_off(env: Mapping[str, str]) -> str | None:
+    """The vLLM setting that leaves no compile artifact to share, or None (read as vLLM
+    0.33's ``vllm.envs`` does: ``VLLM_USE_AOT_COMPILE`` unset is on with torch 2.10 or
+    newer unless the compile cache is disabled)."""
+    disabled = env.get("VLLM_DISABLE_COMPILE_CACHE", "0").strip()
+    if disabled not in ("", "0"):
+        return f"VLLM_DISABLE_COMPILE_CACHE={disabled} (vLLM keeps no compile cache)"
+    aot = env.get("VLLM_USE_AOT_COMPILE")
+    if aot is not None and aot != "1":
+        return f"VLLM_USE_AOT_COMPILE={aot} (vLLM saves no AOT artifact)"
+    return None
+
+
+def kinds(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:
+    """Each kind the vLLM plugin shares, whether it is on in this environment, and why:
+    every setting, plancache's or vLLM's, that turns it off is named (``plancache doctor``
+    shows them)."""
+    env = os.environ if environ is None else environ
+    plugins = env.get("VLLM_PLUGINS")
+    filtered = plugins is not None and "plancache" not in [p.strip() for p in plugins.split(",")]
+    if filtered:
+        off = f"VLLM_PLUGINS={plugins} filters the plugin out"
+        return [(k, False, off) for k in ("plans", "compile artifacts")]
+    explicit = env.get("PLANCACHE_ENABLE", "").strip()
+    plans = enabled(env)
+    if plans:
+        why = "PLANCACHE_ENABLE=1" if explicit else "PLANCACHE_URL or VLLM_ENABLE_STARTUP_PLAN=1"
+    elif explicit:
+        why = f"off: PLANCACHE_ENABLE={explicit}"
+    else:
+        why = "off: neither PLANCACHE_URL nor VLLM_ENABLE_STARTUP_PLAN=1 is set"
+    out = [("plans", plans, f"on ({why})" if plans else why)]
+    try:
+        compiled, detail = compile_on(env), ""
+    except ConfigError as exc:
+        compiled, detail = False, f"off: {exc}"
+    if not detail:
+        switch = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
+        vllm_off = _vllm_compile_off(env)
+        if not compiled:
+            detail = f"off: PLANCACHE_COMPILE_CACHE={switch}" if switch else f"off, as plans: {why}"
+        elif vllm_off is not None:
+            compiled, detail = False, f"off: {vllm_off}"
+        else:
+            detail = "on, with model info and the Inductor, Triton and FlashInfer autotune caches"
+    out.append(("compile artifacts", compiled, detail))
+    return out

@@ -47,6 +47,7 @@ from plancache._keys import object_name
 from plancache._probe import STEPS, StoreVerdict, probe
 from plancache._redaction import scrub, secret_values, without_userinfo
 from plancache._store import READ_LIMIT, ForwardingStore, PlanStore, beneath
+from plancache._switches import kinds
 from plancache.errors import ConfigError, PlanStoreError
 
 Status = Literal["ok", "finding", "info"]
@@ -230,8 +231,12 @@ class _Doctor:
             self.add("vllm", "VLLM_PLUGINS", "ok", f"{plugins!r} loads plancache")
         else:
             self.add("vllm", "VLLM_PLUGINS", "finding", f"{plugins!r} filters plancache out")
-        compile_cache = os.environ.get("PLANCACHE_COMPILE_CACHE")
-        self.add("vllm", "PLANCACHE_COMPILE_CACHE", "info", compile_cache or "unset")
+        for kind, on, why in kinds():
+            self.add("vllm", kind, "ok" if on else "info", why)
+        if self.settings.read_only:
+            self.add(
+                "vllm", "writes", "info", "off: PLANCACHE_READ_ONLY=1 (every kind is read only)"
+            )
 
 
 def credential_source(store: RemoteStore, secrets_: list[str]) -> str:

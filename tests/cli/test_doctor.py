@@ -95,7 +95,10 @@ def test_node_checks_on_a_local_store(tmp_path: Path) -> None:
     filtered = run("doctor", str(store), "--json", env={**env, "VLLM_PLUGINS": "other"})
     assert filtered.returncode == 1
     assert status(json.loads(filtered.stdout), "VLLM_PLUGINS")[0] == "finding"
-    assert status(json.loads(filtered.stdout), "PLANCACHE_COMPILE_CACHE")[1] == "1"
+    assert "VLLM_PLUGINS" in status(json.loads(filtered.stdout), "compile artifacts")[1]
+    aot_off = run("doctor", str(store), "--json", env={**env, "VLLM_USE_AOT_COMPILE": "0"})
+    kind = status(json.loads(aot_off.stdout), "compile artifacts")
+    assert kind == ("info", "off: VLLM_USE_AOT_COMPILE=0 (vLLM saves no AOT artifact)")
 
 
 def test_no_secret_in_the_report(s3_spec: RemoteSpec, tmp_path: Path) -> None:

@@ -1,0 +1,33 @@
+"""Which kinds the plugin shares, and every setting that turns one off, named."""
+
+from __future__ import annotations
+
+import pytest
+
+from plancache._switches import kinds
+
+ON = {"PLANCACHE_URL": "s3://b/p"}
+
+
+@pytest.mark.parametrize(
+    ("env", "plans", "compiled", "named"),
+    [
+        (ON, True, True, "on, with model info"),
+        ({}, False, False, "neither PLANCACHE_URL nor VLLM_ENABLE_STARTUP_PLAN"),
+        ({**ON, "PLANCACHE_ENABLE": "0"}, False, False, "PLANCACHE_ENABLE=0"),
+        ({**ON, "PLANCACHE_COMPILE_CACHE": "0"}, True, False, "PLANCACHE_COMPILE_CACHE=0"),
+        ({**ON, "PLANCACHE_COMPILE_CACHE": "maybe"}, True, False, "PLANCACHE_COMPILE_CACHE"),
+        ({**ON, "VLLM_USE_AOT_COMPILE": "0"}, True, False, "VLLM_USE_AOT_COMPILE=0"),
+        ({**ON, "VLLM_DISABLE_COMPILE_CACHE": "1"}, True, False, "VLLM_DISABLE_COMPILE_CACHE=1"),
+        ({**ON, "VLLM_USE_AOT_COMPILE": "1"}, True, True, "on"),
+        ({**ON, "VLLM_PLUGINS": "other,x"}, False, False, "VLLM_PLUGINS=other,x"),
+        ({"VLLM_ENABLE_STARTUP_PLAN": "1"}, True, True, "on"),
+    ],
+)
+def test_every_off_switch_is_named(
+    env: dict[str, str], plans: bool, compiled: bool, named: str
+) -> None:
+    (p_kind, p_on, p_why), (c_kind, c_on, c_why) = kinds(env)
+    assert (p_kind, c_kind) == ("plans", "compile artifacts")
+    assert (p_on, c_on) == (plans, compiled), (p_why, c_why)
+    assert named in (c_why if plans else p_why + c_why)
