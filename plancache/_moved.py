@@ -17,7 +17,8 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-REMOVED_IN = "0.5.0"
+from plancache._version import DEPRECATED_REMOVED_IN
+
 MOVED = {
     "plancache.artifact_commands": "plancache._command.artifacts",
     "plancache.artifacts": "plancache._artifacts",
@@ -64,8 +65,9 @@ class _Alias(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
-            f"{spec.name} is deprecated and will be removed in plancache {REMOVED_IN}: its "
-            f"names are public in plancache itself, or internal ({self.new})",
+            f"{spec.name} is deprecated and will be removed in plancache "
+            f"{DEPRECATED_REMOVED_IN}: its names are public in plancache itself, or internal "
+            f"({self.new})",
             DeprecationWarning,
             stacklevel=2,
         )

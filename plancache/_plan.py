@@ -48,6 +48,7 @@ from plancache._observation import (
     build,
     is_hex,
 )
+from plancache._version import DEPRECATED_REMOVED_IN
 from plancache.errors import InvalidPlanError, UnsupportedSchemaError
 
 SCHEMA = 2
@@ -218,14 +219,20 @@ class Plan:
     @property
     def kv_cache_memory_bytes(self) -> int:
         """Deprecated alias of ``max_kv_cache_memory_bytes``; warns with ``DeprecationWarning``."""
-        message = "Plan.kv_cache_memory_bytes is deprecated: use Plan.max_kv_cache_memory_bytes"
+        message = (
+            "Plan.kv_cache_memory_bytes is deprecated: use Plan.max_kv_cache_memory_bytes "
+            f"(removed in plancache {DEPRECATED_REMOVED_IN})"
+        )
         warnings.warn(message, DeprecationWarning, stacklevel=2)
         return self.max_kv_cache_memory_bytes
 
     @property
     def free_memory_baseline(self) -> int:
         """Deprecated alias of ``min_free_memory_baseline``; warns with ``DeprecationWarning``."""
-        message = "Plan.free_memory_baseline is deprecated: use Plan.min_free_memory_baseline"
+        message = (
+            "Plan.free_memory_baseline is deprecated: use Plan.min_free_memory_baseline "
+            f"(removed in plancache {DEPRECATED_REMOVED_IN})"
+        )
         warnings.warn(message, DeprecationWarning, stacklevel=2)
         return self.min_free_memory_baseline
 

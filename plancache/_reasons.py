@@ -12,6 +12,8 @@ import functools
 import warnings
 from typing import cast
 
+from plancache._version import DEPRECATED_REMOVED_IN
+
 
 class PutOutcome(enum.StrEnum):
     """What ``PlanStore.put`` did (also ``plancache._store.PutOutcome``)."""
@@ -68,7 +70,7 @@ def deprecated_reason(name: str) -> type[enum.StrEnum] | None:
         return None
     warnings.warn(
         "plancache.RecordReason is deprecated: a Recorded's reason is a PutOutcome (stored) "
-        "or a Reason (not stored)",
+        f"or a Reason (not stored) (removed in plancache {DEPRECATED_REMOVED_IN})",
         DeprecationWarning,
         stacklevel=3,
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import warnings
 
+from plancache._version import DEPRECATED_REMOVED_IN
+
 
 class PlancacheError(Exception):
     """The base of every exception plancache raises on purpose."""
@@ -126,7 +128,10 @@ def deprecated_alias(name: str) -> type[PlancacheError] | None:
     if new is None:
         return None
     warnings.warn(
-        f"plancache.{name} is deprecated: use plancache.{new}", DeprecationWarning, stacklevel=3
+        f"plancache.{name} is deprecated: use plancache.{new} "
+        f"(removed in plancache {DEPRECATED_REMOVED_IN})",
+        DeprecationWarning,
+        stacklevel=3,
     )
     cls: type[PlancacheError] = globals()[new]
     return cls
