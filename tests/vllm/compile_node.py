@@ -14,6 +14,7 @@ the fusions are off; ``compile_sizes`` is unset
 without a model runner, so it is set to ``[]``.
 
 usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S] [--sizes N ...]
+    [--other-loader]
 ``--sizes`` sets vLLM's ``compile_sizes`` and runs one forward of each size after the first
 (the warm-up a model runner does: it compiles or loads those sizes).
 ``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
@@ -21,6 +22,8 @@ the artifact (a boot that dies with it). After the first forward the node is rea
 plancache's ``caches.ready`` as a ``Worker`` does once its warm-up returned (what vLLM added
 to ``inductor_cache/`` since it saved the artifact is uploaded then). ``--wait-upload`` waits
 that long for plancache's background uploads before exiting (0: leave it to the exit bound).
+``--other-loader`` gives vLLM's AOT loader other parameters before the plugins load (as a
+vLLM whose internals moved would have it).
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
@@ -42,6 +45,7 @@ def main() -> None:
     ap.add_argument("--die-after-load", action="store_true")
     ap.add_argument("--wait-upload", type=float, default=0.0)
     ap.add_argument("--sizes", type=int, nargs="*", default=[])
+    ap.add_argument("--other-loader", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -69,6 +73,15 @@ def main() -> None:
         return inspect_in_subprocess(fn)
 
     registry._run_in_subprocess = counted
+    if args.other_loader:  # a vLLM whose AOT loader has other parameters (another version)
+        from vllm.compilation import decorators
+
+        loader = decorators._try_load_aot_compiled_fn
+
+        def _try_load_aot_compiled_fn(model: Any, path: str, strict: bool = False) -> Any:
+            return loader(model, path)
+
+        decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
     load_general_plugins()  # plancache's register(), as in every vLLM process
     fix_functionalization.FixFunctionalizationPass.__call__ = lambda self, graph: None  # shim
 

@@ -178,6 +178,25 @@ def fleet(
     return Fleet([(r, log) for _, r, log in done[:3]], done[3], base / "crash", crash_store)
 
 
+def test_on_unknown_internals_one_warning_and_vllm_compiles_as_without_plancache(
+    cold: Cold, tmp_path: Path
+) -> None:
+    """A vLLM whose AOT loader takes other parameters: the plugin names it in one warning,
+    wraps nothing, and vLLM compiles as without plancache although the store holds the
+    artifact."""
+    [(report, log)] = reports(
+        node(cold.model_dir, tmp_path / "root", str(cold.store), "--other-loader")
+    )
+    ours = [line for line in log.splitlines() if "plancache:" in line]
+    warnings = [line for line in ours if "WARNING" in line or "not shared" in line]
+    assert len(warnings) == 1, warnings
+    assert "_try_load_aot_compiled_fn takes (model, path, strict)" in warnings[0]
+    assert "compile artifacts not shared" in warnings[0]
+    assert report["aot_compiles"] == 1 and not report["loaded_from_disk"], log[-3000:]
+    assert report["equal_eager"]
+    assert "compile artifact" not in log.replace(warnings[0], "")  # no fetch, no upload
+
+
 def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
     """Each new node loads the artifact (vLLM's own counters), compiles nothing, and
     computes what eager does: from a local directory, from S3 with a signature required

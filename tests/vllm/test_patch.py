@@ -44,6 +44,29 @@ def test_missing_methods_warn_once_and_patch_nothing(
     assert not hasattr(Worker.determine_available_memory, patch.MARK)
 
 
+def test_unrecognised_internals_are_named() -> None:
+    def same(self: object, module_hash: str, extra: int = 0) -> None: ...
+
+    def renamed(self: object, digest: str) -> None: ...
+
+    def keyword_only(self: object, *, module_hash: str) -> None: ...
+
+    expected = ("self", "module_hash")
+    assert patch.unrecognised({"a": (same, expected)}) is None
+    off = patch.unrecognised(
+        {
+            "gone": (None, expected),
+            "renamed": (renamed, expected),
+            "keyword": (keyword_only, expected),
+            "value": (3, expected),
+        }
+    )
+    assert off == (
+        "gone is missing; renamed takes (self, digest), not (self, module_hash, ...); "
+        "keyword takes (self, module_hash), not (self, module_hash, ...); value is missing"
+    )
+
+
 def test_register_patches_lazily_on_import(tmp_path: Path) -> None:
     """In a fresh process: importing the plugin and register() import nothing heavy; the
     worker module is patched when vLLM imports it, through its normal import."""

@@ -160,15 +160,23 @@ def breaker() -> Breaker:
 
 def patch_decorators(module: ModuleType) -> bool:
     """Wrap ``module``'s AOT loader (once); False, with a warning, if it has none."""
-    original = getattr(module, LOADER, None)
-    if not callable(original):
-        log.warning("plancache: %s has no %s; compile artifacts not shared", TARGET_MODULE, LOADER)
-        return False
+    from plancache.integrations.vllm.patch import unrecognised
+
+    original: Any = getattr(module, LOADER, None)
     if getattr(original, MARK, False):
         return True
-    setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
     decorate = getattr(module, DECORATOR, None)
-    if callable(decorate):  # without it, the fetch starts at the first forward
+    targets: dict[str, tuple[object, tuple[str, ...]]] = {
+        LOADER: (original, ("model", "aot_compilation_path"))
+    }
+    if decorate is not None:  # without it, the fetch starts at the first forward
+        targets[DECORATOR] = (decorate, ("cls",))
+    off = unrecognised(targets)
+    if off is not None:
+        log.warning("plancache: %s: %s; compile artifacts not shared", TARGET_MODULE, off)
+        return False
+    setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
+    if decorate is not None:
         setattr(module, DECORATOR, _wrap_decorator(decorate))
     _start_opening()  # importing a client library takes a while: before the first forward
     return True

@@ -52,17 +52,22 @@ def hook() -> None:
 
 def patch_registry(module: ModuleType) -> bool:
     """Wrap the two methods (once); False, with one warning, where they are not there."""
+    from plancache.integrations.vllm.patch import unrecognised
+
     cls = getattr(module, CLASS, None)
-    missing = [m for m in REQUIRED if not callable(getattr(cls, m, None))]
-    if cls is None or missing:
-        log.warning(
-            "plancache: this vLLM's %s has no %s: model info is not shared",
-            TARGET_MODULE,
-            f"{CLASS}" if cls is None else ", ".join(f"{CLASS}.{m}" for m in missing),
-        )
-        return False
-    if getattr(getattr(cls, LOAD), MARK, False):
+    if getattr(getattr(cls, LOAD, None), MARK, False):
         return True
+    binds = {  # what each is called with here (``_get_cache_dir`` is a staticmethod)
+        LOAD: ("self", "module_hash"),
+        SAVE: ("self", "mi", "module_hash"),
+        "_get_cache_dir": (),
+        "_get_cache_filename": ("self",),
+    }
+    targets = {f"{CLASS}.{m}": (getattr(cls, m, None), binds[m]) for m in REQUIRED}
+    off = f"{CLASS} is missing" if cls is None else unrecognised(targets)
+    if off is not None:
+        log.warning("plancache: %s: %s; model info is not shared", TARGET_MODULE, off)
+        return False
     load, save = getattr(cls, LOAD), getattr(cls, SAVE)
 
     def load_modelinfo(self: Any, module_hash: str) -> Any:

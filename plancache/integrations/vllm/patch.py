@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -32,20 +33,48 @@ MARK = "__plancache_wrapped__"
 """Set to True on each wrapper."""
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def unrecognised(targets: Mapping[str, tuple[object, tuple[str, ...]]]) -> str | None:
+    """What is off in vLLM's internals, or None: ``targets`` maps a name to the object found
+    under it (None where absent) and the positional parameters the plugin's wrapper binds,
+    in order. A target that is missing, not callable, or whose first parameters differ (a
+    vLLM of another version) is named, with the parameters it has."""
+    off = []
+    for name, (fn, expected) in targets.items():
+        if not callable(fn):
+            off.append(f"{name} is missing")
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            off.append(f"{name} has a signature that cannot be read")
+            continue
+        first = params[: len(expected)]
+        if tuple(p.name for p in first) != expected or any(
+            p.kind not in _POSITIONAL for p in first
+        ):
+            have = ", ".join(p.name for p in params)
+            off.append(f"{name} takes ({have}), not ({', '.join(expected)}, ...)")
+    return "; ".join(off) or None
+
+
 def patch_worker_module(module: ModuleType) -> bool:
     """Wrap ``module.Worker``'s methods and replace the module's built-in startup-plan
     functions by delegates that run them only for workers plancache cannot serve. True if
     patched (now or before); False, with one warning, if the class or a required method is
     missing (nothing is changed then). ``load_model`` is wrapped where it exists; without
     it the key is computed and the store read at ``determine_available_memory``."""
-    worker_cls = getattr(module, "Worker", None)
-    missing = [m for m in REQUIRED_METHODS if not callable(getattr(worker_cls, m, None))]
-    if worker_cls is None or missing:
-        log.warning(
-            "plancache: %s.Worker lacks %s; vLLM plugin inactive",
-            module.__name__,
-            ", ".join(missing) or "the class",
-        )
+    worker_cls: Any = getattr(module, "Worker", None)
+    targets: dict[str, tuple[object, tuple[str, ...]]] = {
+        f"Worker.{m}": (getattr(worker_cls, m, None), ("self",)) for m in REQUIRED_METHODS
+    }
+    if callable(getattr(worker_cls, "load_model", None)):
+        targets["Worker.load_model"] = (worker_cls.load_model, ("self",))
+    off = "the class Worker is missing" if worker_cls is None else unrecognised(targets)
+    if off is not None:
+        log.warning("plancache: %s: %s; vLLM plugin inactive", module.__name__, off)
         return False
     if getattr(worker_cls.determine_available_memory, MARK, False):
         return True
