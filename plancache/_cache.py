@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import _background as background
+from plancache import _metrics as metrics
 from plancache._backends.lazy import LazyStore
 from plancache._background import Job, JobTimeout
 from plancache._defaults import DEFAULT_BUDGET_S, RECORD_EXIT_WAIT_S
@@ -307,6 +308,7 @@ class PlanCache:
                 failure, detail = _describe(exc)
                 reason = failure if failure in RECORD_FAILURES else Reason.ERROR
         result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
+        metrics.write("plans", reason.value)
         level = logging.INFO if outcome is not None else logging.WARNING
         log.log(
             level,
@@ -342,7 +344,9 @@ class PendingLookup:
         self._fetch: Job[Plan | None] | None = None
         self._invalid = ""
         self.fingerprint: str | None = None
+        self.model: object = ""
         try:
+            self.model = factors.get("model", "")
             self.fingerprint = fingerprint(factors)
         except Exception as exc:  # whatever the caller's mapping raises
             self._invalid = f"{type(exc).__name__}: {exc}"
@@ -390,6 +394,7 @@ class PendingLookup:
         seconds = time.perf_counter() - self.started
         self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
         _log_lookup(self._decision, self.current_free_memory)
+        metrics.decision("plans", reason.value, seconds, self.model)
         return self._decision
 
 

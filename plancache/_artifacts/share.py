@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from plancache import _background as background
+from plancache import _metrics as metrics
 from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import (
     Readable,
@@ -220,6 +221,28 @@ class _Pace:
                 f"slower than compiling: {projected:.1f} s at the rate seen, against "
                 f"{self.budget:.1f} s the producer took to compile"
             )
+
+
+def _count(kind: str, fetched: Fetched) -> None:
+    """The metrics of one fetch (``plancache._metrics``): the decision; on a hit, the bytes
+    and the seconds saved against the producer's recorded cost; on a fetch given up, the
+    seconds it cost."""
+    manifest = fetched.manifest
+    model = manifest.labels.get("model", "") if manifest is not None else ""
+    metrics.decision(kind, fetched.reason, fetched.seconds, model)
+    if fetched.reason == "hit" and manifest is not None:
+        metrics.moved(kind, "fetched", manifest.total_size)
+        cost = manifest.producer.get("compile_s")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            metrics.saved(kind, float(cost) - fetched.seconds, model)
+    elif fetched.reason in ("slow", "timeout"):
+        metrics.lost(kind, fetched.seconds, model)
+
+
+def _written(kind: str, out: dict[str, bool]) -> None:
+    """The metric of one upload: created, kept (stored already), or nowhere."""
+    where = out.get("store", out.get("local-tier"))
+    metrics.write(kind, "nowhere" if where is None else "created" if where else "kept")
 
 
 JOIN_S = 1.0
@@ -487,6 +510,7 @@ class ArtifactStore:
             result = Fetched(reason, manifest, label)
             break
         result.seconds = time.monotonic() - start
+        _count("compile_artifact", result)
         return result
 
     def fetch_model_info(self, name: str, module_hash: str, path: Path) -> Fetched:
@@ -529,6 +553,7 @@ class ArtifactStore:
             result = Fetched(reason, source=label)
             break
         result.seconds = time.monotonic() - start
+        _count("model_info", result)
         return result
 
     def upload_model_info(self, info: modelinfo.ModelInfo) -> dict[str, bool]:
@@ -540,6 +565,7 @@ class ArtifactStore:
                 out[label] = layer.write_object(info.name, [info.encode()])
             except Exception as exc:
                 log.warning("plancache: model info: not written to the %s: %s", label, exc)
+        _written("model_info", out)
         return out
 
     def fetch_cache(
@@ -581,6 +607,7 @@ class ArtifactStore:
                     break
                 self._install_bundle(layer, label, local, name, root, deadline, result)
         result.seconds = time.monotonic() - start
+        metrics.decision(f"cache_{kind}", result.reason, result.seconds)
         return result
 
     def _install_bundle(
@@ -656,6 +683,8 @@ class ArtifactStore:
                 out[label] = self._write_once(label, layer, name, packed)
             except PlanStoreError as exc:
                 log.warning("plancache: %s cache: not written to the %s: %s", kind, label, exc)
+        if files:
+            _written(f"cache_{kind}", out)
         return len(files), out
 
     def stored_manifest(self, key: str, rank: str) -> Manifest | None:
@@ -705,10 +734,11 @@ class ArtifactStore:
         tier; create-if-absent. Returns {destination: created} (False: an artifact was there
         already). Raises ``ArtifactError``, or ``PlanStoreError`` from the local tier."""
         out: dict[str, bool] = {}
+        size: list[int] = []
         for label, layer in self._destinations():
 
             def packed() -> tuple[Manifest, Iterator[bytes]]:
-                return pack(
+                made = pack(
                     root,
                     key,
                     rank,
@@ -717,6 +747,8 @@ class ArtifactStore:
                     producer=producer,
                     max_bytes=self.compile.max_bytes,
                 )
+                size[:] = [made[0].total_size]
+                return made
 
             try:
                 out[label] = self._write_once(label, layer, object_name(key, rank), packed)
@@ -726,6 +758,9 @@ class ArtifactStore:
                 if label == "local-tier":
                     raise
                 log.warning("plancache: compile artifacts: not written to the %s: %s", label, exc)
+        _written("compile_artifact", out)
+        if out.get("store") and size:
+            metrics.moved("compile_artifact", "uploaded", size[0])
         return out
 
     def _write_once(

@@ -34,6 +34,7 @@ from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 
 from plancache import _background as background
+from plancache import _metrics as metrics
 from plancache._defaults import MAX_SECONDS
 from plancache._objects import check_name
 from plancache._redaction import MIN_SECRET_LENGTH, redact, scrub_exception, secret_values
@@ -368,10 +369,13 @@ class RemoteStore(PlanStore):
             )
         use_daemon_threads(self._loop)
         bound = self.timeouts.total if timeout is None else timeout
+        start = time.perf_counter()
         try:
             result: T = sync(self._loop, translated, timeout=bound)
         except FSTimeoutError as exc:
             raise PlanStoreUnavailableError(
                 f"{self.url}: {action}: no answer within {bound:g} s", cause=exc
             ) from exc
+        finally:
+            metrics.request(self.scheme, action, time.perf_counter() - start)
         return result

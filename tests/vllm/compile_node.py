@@ -14,7 +14,7 @@ the fusions are off; ``compile_sizes`` is unset
 without a model runner, so it is set to ``[]``.
 
 usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S] [--sizes N ...]
-    [--other-loader]
+    [--other-loader] [--vllm-metrics]
 ``--sizes`` sets vLLM's ``compile_sizes`` and runs one forward of each size after the first
 (the warm-up a model runner does: it compiles or loads those sizes).
 ``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
@@ -22,8 +22,9 @@ the artifact (a boot that dies with it). After the first forward the node is rea
 plancache's ``caches.ready`` as a ``Worker`` does once its warm-up returned (what vLLM added
 to ``inductor_cache/`` since it saved the artifact is uploaded then). ``--wait-upload`` waits
 that long for plancache's background uploads before exiting (0: leave it to the exit bound).
-``--other-loader`` gives vLLM's AOT loader other parameters before the plugins load (as a
-vLLM whose internals moved would have it).
+``--vllm-metrics`` makes vLLM's Prometheus metrics (``PrometheusStatLogger``) as its API
+server does. ``--other-loader`` gives vLLM's AOT loader other parameters before the plugins
+load (as a vLLM whose internals moved would have it).
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--wait-upload", type=float, default=0.0)
     ap.add_argument("--sizes", type=int, nargs="*", default=[])
     ap.add_argument("--other-loader", action="store_true")
+    ap.add_argument("--vllm-metrics", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -100,6 +102,10 @@ def main() -> None:
     passes = config.compilation_config.pass_config
     for name in ("fuse_norm_quant", "fuse_act_quant"):  # shim: CUDA fusions (need vllm._C)
         setattr(passes, name, False)
+    if args.vllm_metrics:  # vLLM's own Prometheus metrics, as its API server makes them
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+        PrometheusStatLogger(config)
 
     @support_torch_compile(dynamic_arg_dims={"x": 0})
     class Tiny(nn.Module):  # type: ignore[misc]
