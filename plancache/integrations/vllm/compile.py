@@ -396,7 +396,8 @@ def _aot_path(model: Any) -> tuple[Path, str] | None:
     from vllm.compilation import decorators
     from vllm.compilation.caching import aot_compile_hash_factors
 
-    if model.do_not_compile or not (model._allow_aot_compile and envs.VLLM_USE_AOT_COMPILE):
+    allowed = getattr(model, "_allow_aot_compile", True)  # vLLM 0.31 and 0.32 have no flag
+    if model.do_not_compile or not (allowed and envs.VLLM_USE_AOT_COMPILE):
         return None
     if envs.VLLM_DISABLE_COMPILE_CACHE:
         return None
