@@ -228,6 +228,9 @@ def main() -> None:
             return None
 
     gw.Worker._make_model_runner = lambda self: FakeRunner(self.vllm_config, self.device)
+    from vllm.v1.worker import gpu_model_runner  # vLLM 0.31/0.32: init_device builds it by name
+
+    gpu_model_runner.GPUModelRunner = FakeRunner
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
