@@ -53,15 +53,16 @@ def test_worker_warnings_go_to_the_log_and_the_run_ends_with_the_headline(
     assert "WARNING" not in run.stdout and "timeout fp=" not in run.stdout
     lines = run.stdout.splitlines()
     progress = lines[: lines.index("") - 1]
-    assert len(progress) == 10, progress  # one line per stage, the plot's included
+    assert len(progress) == 11, progress  # one line per stage, the plot's included
     for line in progress:
         assert re.search(r" \.\.\. [\d.]+ s$|: skipped: .+$", line), line
-    assert re.match(r"10 stages in [\d.]+ s: \d+ ran, \d+ skipped, 0 failed", lines[len(progress)])
+    assert re.match(r"11 stages in [\d.]+ s: \d+ ran, \d+ skipped, 0 failed", lines[len(progress)])
     assert str(tmp_path / "bench.log") in lines[len(progress)]
     table = run.stdout.split("headline results: ", 1)[1]
     assert table.index("WHAT IT SAVES AT BOOT") < table.index("NOT MEASURED HERE")
     assert re.search(r"KV profiling: fleet on local directory +\d+/8 boots skipped", table)
     assert re.search(r"real GPU boots +skipped: ", table)
+    assert re.search(r"rollout simulation +skipped: --no-remote", table)
     assert re.search(rf"log of workers and libraries +{tmp_path / 'bench.log'}$", table)
     figures = json.loads((tmp_path / "results.json").read_text())
     assert figures["fleet"]["setups"]["shared"]["reasons"]["timeout"] > 0  # nothing dropped

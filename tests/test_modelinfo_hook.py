@@ -115,8 +115,8 @@ def test_a_vllm_without_the_cache_methods_is_left_as_it_is(
     with caplog.at_level(logging.WARNING, logger="plancache"):
         assert not modelinfo.patch_registry(module)
     assert [r.getMessage() for r in caplog.records] == [
-        "plancache: this vLLM's vllm.model_executor.models.registry has no "
-        "_LazyRegisteredModel: model info is not shared"
+        "plancache: vllm.model_executor.models.registry: _LazyRegisteredModel is missing; "
+        "model info is not shared"
     ]
 
 

@@ -20,10 +20,13 @@ from plancache._artifacts.share import ArtifactStore, CompileSettings
 from plancache._config import Settings
 from plancache.testing.servers import closed_port
 from tests.vllm import support
-from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, boot_env
+from tests.vllm.support import MODEL_CONFIG, REAL_WORKER, REPO, boot_env, vllm_installed
 from tests.vllm.test_compile_share import AOT, reports
 
-pytestmark = pytest.mark.vllm
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed (tox -e vllm)"),
+]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
