@@ -287,7 +287,7 @@ def main() -> None:
         "init_free": worker.init_snapshot.free_memory,
         "weights": worker.model_runner.model_memory_usage,
         "device": str(worker.device),
-        "cpu_timeout": str(wg.cpu_timeout),
+        "cpu_timeout": str(getattr(wg, "cpu_timeout", None)),  # vLLM 0.33 sets one
         "world_allreduce": int(x.item()),
         "times": t,
         "events": events,
