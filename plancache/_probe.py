@@ -10,6 +10,10 @@ prefix: ``RemoteStore.probe_store``):
 
 1. ``create``: create-if-absent on a fresh key succeeds;
 2. ``create-existing``: the same create fails, and the object keeps its first content;
+   ``stream-create-existing``: so does a create of over one part (``PART_BYTES``: the path
+   compile artifacts take, an S3 multipart upload completed with ``If-None-Match``, a GCS
+   resumable upload with ``ifGenerationMatch``). Where this step cannot finish (its time
+   bound, a failed request) it decides nothing: a slow link is no lie;
 3. ``cas-missing``: a compare-and-swap on a missing key fails (and leaves it absent: step 4
    finds it absent);
 4. ``concurrent-create``: ``RACERS`` concurrent creates of that key: exactly one wins, and its
@@ -18,7 +22,7 @@ prefix: ``RemoteStore.probe_store``):
    the object unchanged;
 6. ``cleanup``: the probe keys are deleted (its failures decide nothing).
 
-That is ``CHECK_REQUESTS`` (14) primitive calls, plus one delete per key (2). Verdicts:
+That is ``CHECK_REQUESTS`` (16) primitive calls, plus one delete per key (2). Verdicts:
 ``HONEST``; ``LIES`` only on evidence that a precondition was ignored (a write that should
 have failed succeeded, or stored content changed); ``READ_ONLY`` when the credentials may
 not write (HTTP 403): nothing to judge; ``UNKNOWN`` after a transient failure (timeout,
@@ -39,7 +43,7 @@ from typing import TypeVar
 
 from plancache import _background as background
 from plancache._keys import object_name
-from plancache._objects import CREATE, Update
+from plancache._objects import CREATE, PART_BYTES, Update
 from plancache._store import READ_LIMIT, PlanStore
 from plancache.errors import PlancacheError, PlanStoreError, PlanStorePermissionError
 
@@ -47,14 +51,17 @@ T = TypeVar("T")
 
 RACERS = 8
 """Concurrent creates of one fresh key in step 4."""
-CHECK_REQUESTS = 6 + RACERS
+CHECK_REQUESTS = 8 + RACERS
 """Primitive calls of steps 1-5 when every one passes (cleanup adds one delete per key)."""
 PROBE_TIMEOUT_S = 10.0
 """Seconds a probe may take in all; past it, no verdict."""
+STREAM_MIN_S = 5.0
+"""Seconds of the probe's bound that must be left for ``stream-create-existing`` to run."""
 
 STEPS = {
     "create": "create-if-absent on a fresh key succeeds",
     "create-existing": "the same create fails and leaves the object unchanged",
+    "stream-create-existing": "so does a create of over one part (multipart, resumable)",
     "cas-missing": "compare-and-swap on a missing key fails and leaves it absent",
     "concurrent-create": f"{RACERS} concurrent creates of a fresh key: exactly one wins",
     "cas-wrong-version": "compare-and-swap with a wrong version fails, object unchanged",
@@ -127,6 +134,10 @@ class _Run:
 
     def create(self, name: str, data: bytes) -> bool:
         return self.store.write_object(name, (data,), CREATE)
+
+    def create_streamed(self, name: str) -> bool:
+        """A create of just over one part, in two chunks."""
+        return self.store.write_object(name, (self.data("stream"), b" " * PART_BYTES), CREATE)
 
     def replace(self, name: str, data: bytes, version: object) -> bool:
         return self.store.write_object(name, (data,), Update(version))
@@ -204,6 +215,7 @@ class _Run:
             raise _Decided(StoreVerdict.LIES, step, "a failed create overwrote the object")
         version = found[1]
         self.passed(step)
+        self.streamed(k1, first)
 
         step = "cas-missing"
         k2 = self.key()
@@ -234,6 +246,28 @@ class _Run:
             raise _Decided(StoreVerdict.LIES, step, "the stored object is not the winner's")
         self.passed(step)
         self.passed(wrong)
+
+    def streamed(self, key: str, first: bytes) -> None:
+        """``stream-create-existing`` on ``key`` (holding ``first``): decides only on
+        evidence of a lie; not finishing (the time bound, a failed request) decides nothing."""
+        step = "stream-create-existing"
+        if self.deadline - time.monotonic() < STREAM_MIN_S:
+            self.steps.append(Step(step, None, "skipped: too little of the probe's time left"))
+            return
+        try:
+            created = self.call(step, lambda: self.create_streamed(key), writes=True)
+            found = self.call(step, lambda: self.read(key))
+        except _Decided as d:
+            if d.verdict is StoreVerdict.READ_ONLY:
+                raise
+            self.unreachable = False  # one stream that did not finish: not a store that is down
+            self.steps.append(Step(step, None, f"not decided: {d.detail}"))
+            return
+        if created:
+            raise _Decided(StoreVerdict.LIES, step, "a create of an existing key succeeded")
+        if found is None or found[0] != first:
+            raise _Decided(StoreVerdict.LIES, step, "a failed create overwrote the object")
+        self.passed(step)
 
     def cleanup(self) -> Step:
         """Delete the probe keys (not where the store did not answer or denied writes)."""

@@ -2,8 +2,8 @@
 
 Each server starts once per session on a free 127.0.0.1 port; each test gets a fresh bucket.
 A counting proxy sits in front of each, reset for every test that asks for it; the GCS store
-tests reach fake-gcs-server through ``GCSDeletePreconditions``, which adds the delete
-preconditions GCS honours and fake-gcs-server ignores.
+tests reach fake-gcs-server through ``GCSDeletePreconditions`` (``FakeGCS.endpoint``), which
+adds the delete and resumable-upload preconditions GCS honours and fake-gcs-server ignores.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 from plancache.testing.servers import (
     CountingProxy,
     FakeGCS,
-    GCSDeletePreconditions,
     MotoS3,
     fake_aws_env,
 )
@@ -58,9 +57,8 @@ def fake_gcs() -> Iterator[FakeGCS]:
 
 @pytest.fixture(scope="session")
 def gcs_endpoint(fake_gcs: FakeGCS) -> Iterator[str]:
-    """fake-gcs-server behind ``GCSDeletePreconditions`` (deletes as GCS does them)."""
-    with GCSDeletePreconditions(fake_gcs.endpoint) as proxy:
-        yield proxy.endpoint
+    """fake-gcs-server behind ``GCSDeletePreconditions`` (preconditions as GCS has them)."""
+    yield fake_gcs.endpoint
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +69,7 @@ def _s3_proxy(moto_s3: MotoS3) -> Iterator[CountingProxy]:
 
 @pytest.fixture(scope="session")
 def _gcs_proxy(fake_gcs: FakeGCS) -> Iterator[CountingProxy]:
-    with GCSDeletePreconditions(fake_gcs.endpoint) as proxy:
+    with CountingProxy(fake_gcs.endpoint) as proxy:
         yield proxy
 
 

@@ -140,6 +140,10 @@ PRECONDITION_PARAMS = frozenset({"ifGenerationMatch"})
 WRITES = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 
 
+STREAMED = re.compile(r"(^|&)(uploadId=|uploads(=|&|$)|uploadType=resumable|upload_id=)")
+"""The query of a request that belongs to an upload of more than one part."""
+
+
 class LyingProxy(CountingProxy):
     """Forwards every request without its write preconditions (by default the headers
     ``PRECONDITION_HEADERS`` and query parameters ``PRECONDITION_PARAMS``; ``strip`` names
@@ -147,12 +151,21 @@ class LyingProxy(CountingProxy):
     conditional writes unconditionally and overwrites."""
 
     def __init__(
-        self, upstream: str, strip: Collection[str] = PRECONDITION_HEADERS | PRECONDITION_PARAMS
+        self,
+        upstream: str,
+        strip: Collection[str] = PRECONDITION_HEADERS | PRECONDITION_PARAMS,
+        *,
+        streams_only: bool = False,
     ) -> None:
         super().__init__(upstream)
         self.strip = frozenset(strip)
+        self.streams_only = streams_only
+        """Lie only on the requests of uploads of more than one part (S3's multipart uploads,
+        GCS's resumable ones): honest for single requests."""
 
     def outgoing(self, path: str, headers: dict[str, str]) -> str:
+        if self.streams_only and not STREAMED.search(urlsplit(path).query):
+            return path
         for name in [k for k in headers if k.lower() in self.strip]:
             del headers[name]
         parts = urlsplit(path)

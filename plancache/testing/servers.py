@@ -8,7 +8,8 @@
 - ``S3UnderLoad``: a ``CountingProxy`` that behaves like S3 under a rollout's load: latency,
   503 SlowDown above a request rate per prefix, one bandwidth cap shared by every client.
 - ``GCSDeletePreconditions``: a ``CountingProxy`` for fake-gcs-server that adds what it lacks,
-  GCS's ``ifGenerationMatch`` on object deletes.
+  GCS's ``ifGenerationMatch`` on object deletes and resumable uploads (``FakeGCS`` serves
+  through one).
 - ``closed_port()``: a port nothing listens on. The hostile endpoints (scripted, fixed,
   silent and echoing servers, lying and faulty proxies) are in ``plancache.testing.hostile``.
 - ``s3_server()``, ``gcs_server()``: a server and a fresh bucket, as ``(url, storage_options)``;
@@ -227,11 +228,13 @@ class _Child(_Server):
 
 
 class FakeGCS(_Child):
-    """The fake-gcs-server binary, in-memory backend, its stderr in a temp file."""
+    """The fake-gcs-server binary, in-memory backend, its stderr in a temp file, behind
+    ``GCSDeletePreconditions`` (``endpoint``: the preconditions GCS honours and the binary
+    ignores, on deletes and resumable uploads; ``raw_endpoint``: the binary itself)."""
 
     def start(self) -> None:
         port = closed_port()
-        self.endpoint = f"http://{HOST}:{port}"
+        self.endpoint = self.raw_endpoint = f"http://{HOST}:{port}"
         fd, self._log_path = tempfile.mkstemp(prefix="fake-gcs-", suffix=".log")
         args = ["-scheme", "http", "-host", HOST, "-port", str(port), "-backend", "memory"]
         args += ["-external-url", self.endpoint, "-public-host", f"{HOST}:{port}"]
@@ -243,8 +246,12 @@ class FakeGCS(_Child):
         )
         os.close(fd)
         self._await("fake-gcs-server", "/storage/v1/b", 15, 0.05, self._log_path)
+        self._guard = GCSDeletePreconditions(self.raw_endpoint)
+        self._guard.start()
+        self.endpoint = self._guard.endpoint
 
     def stop(self) -> None:
+        self._guard.stop()
         self._terminate(5)
         os.unlink(self._log_path)
 
@@ -605,31 +612,71 @@ class S3UnderLoad(CountingProxy):
 
 
 class GCSDeletePreconditions(CountingProxy):
-    """A ``CountingProxy`` in front of fake-gcs-server that honours ``ifGenerationMatch`` on
-    object deletes, as GCS does (fake-gcs-server ignores it and deletes whatever is stored):
-    412 unless the object's generation is the one given, 404 if it is absent. The check
-    and the delete are one step for deletes through this proxy; a write that bypasses the
-    proxy may still land between them."""
+    """A ``CountingProxy`` in front of fake-gcs-server that honours ``ifGenerationMatch``
+    where GCS does and fake-gcs-server does not: on object deletes (412 unless the object's
+    generation is the one given, 404 if it is absent) and on resumable uploads (checked when
+    the session starts and again at its last chunk; the session's URL is rewritten to come
+    through this proxy). Each check and what it guards are one step for requests through
+    this proxy; a write that bypasses the proxy may still land between them."""
 
     def __init__(self, upstream: str) -> None:
         super().__init__(upstream)
         self._deleting = threading.Lock()
+        self._sessions: dict[str, tuple[str, str, str]] = {}
+        """A resumable upload's id: its bucket, object name and ``ifGenerationMatch``."""
 
     def handle(self, h: _Handler, body: bytes) -> None:
-        want = parse_qs(urlsplit(h.path).query).get("ifGenerationMatch")
-        if h.command != "DELETE" or not want:
+        parts = urlsplit(h.path)
+        query = parse_qs(parts.query)
+        want = query.get("ifGenerationMatch")
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        final = not h.headers.get("Content-Range", "/*").endswith("/*")
+        if h.command == "DELETE" and want:
+            with self._deleting:
+                status, out, data = self.forward("GET", parts.path, headers)
+                if status == 200 and str(json.loads(data).get("generation")) != want[0]:
+                    status, out, data = _PRECONDITION_FAILED
+                elif status == 200:
+                    status, out, data = self.forward("DELETE", h.path, headers, body)
+        elif h.command == "POST" and query.get("uploadType") == ["resumable"] and want:
+            bucket = parts.path.split("/b/", 1)[1].split("/", 1)[0]
+            session = (bucket, str(json.loads(body or b"{}").get("name", "")), want[0])
+            with self._deleting:
+                status, out, data = _PRECONDITION_FAILED
+                if not self._fails(session, headers):
+                    status, out, data = self.forward("POST", h.path, headers, body)
+                    location = out.get("Location", "")
+                    out["Location"] = location.replace(f"http://{self.upstream}", self.endpoint)
+                    upload = parse_qs(urlsplit(location).query).get("upload_id")
+                    if upload:
+                        self._sessions[upload[0]] = session
+        elif h.command == "PUT" and final and query.get("upload_id", [""])[0] in self._sessions:
+            with self._deleting:
+                status, out, data = _PRECONDITION_FAILED
+                if not self._fails(self._sessions[query["upload_id"][0]], headers):
+                    status, out, data = self.forward("PUT", h.path, headers, body)
+        else:
             super().handle(h, body)
             return
-        headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-        with self._deleting:
-            status, out, data = self.forward("GET", urlsplit(h.path).path, headers)
-            if status == 200 and str(json.loads(data).get("generation")) != want[0]:
-                error = {"code": 412, "message": "Precondition Failed (ifGenerationMatch)"}
-                status, out = 412, {"Content-Type": "application/json"}
-                data = json.dumps({"error": error}).encode()
-            elif status == 200:
-                status, out, data = self.forward("DELETE", h.path, headers, body)
         h.reply(status, out, data)
+
+    def _fails(self, session: tuple[str, str, str], headers: Mapping[str, str]) -> bool:
+        """True if the object's generation is not the one ``session`` was started for."""
+        bucket, name, want = session
+        path = f"/storage/v1/b/{bucket}/o/{quote(name, safe='')}"
+        status, _, data = self.forward("GET", path, headers)
+        if status == 404:
+            return want != "0"
+        return status == 200 and str(json.loads(data).get("generation")) != want
+
+
+_PRECONDITION_FAILED = (
+    412,
+    {"Content-Type": "application/json"},
+    json.dumps(
+        {"error": {"code": 412, "message": "Precondition Failed (ifGenerationMatch)"}}
+    ).encode(),
+)
 
 
 __all__ = [

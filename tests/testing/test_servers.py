@@ -148,9 +148,9 @@ def test_gcs_delete_preconditions_adds_what_fake_gcs_server_ignores(
     fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
     generation = stored_generation()
     assert generation is not None
-    assert delete(fake_gcs.endpoint, generation + 1) in (200, 204)  # the emulator's gap
+    assert delete(fake_gcs.raw_endpoint, generation + 1) in (200, 204)  # the emulator's gap
     assert stored_generation() is None
-    with GCSDeletePreconditions(fake_gcs.endpoint) as guard:
+    with GCSDeletePreconditions(fake_gcs.raw_endpoint) as guard:
         fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
         generation = stored_generation()
         assert generation is not None
