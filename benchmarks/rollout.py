@@ -157,7 +157,7 @@ def boot(spec: Spec, node: Node) -> dict[str, Any]:
     )
     if not decision.hit:
         time.sleep(t.profile_s)
-    ended = join_fetch(fetching, deadline, streaming, cancelled)
+    ended = join_fetch(fetching, deadline, streaming, cancelled, start)
     artifact = fetching.wait(0).reason if ended else "not-waited-for"
     compiled = artifact != "hit"
     upload: dict[str, bool] | str | None = None

@@ -10,19 +10,21 @@ prefix: ``RemoteStore.probe_store``):
 
 1. ``create``: create-if-absent on a fresh key succeeds;
 2. ``create-existing``: the same create fails, and the object keeps its first content;
-   ``stream-create-existing``: so does a create of over one part (``PART_BYTES``: the path
-   compile artifacts take, an S3 multipart upload completed with ``If-None-Match``, a GCS
-   resumable upload with ``ifGenerationMatch``). Where this step cannot finish (its time
-   bound, a failed request) it decides nothing: a slow link is no lie;
 3. ``cas-missing``: a compare-and-swap on a missing key fails (and leaves it absent: step 4
    finds it absent);
 4. ``concurrent-create``: ``RACERS`` concurrent creates of that key: exactly one wins, and its
    content is what is stored;
 5. ``cas-wrong-version``: a compare-and-swap with another object's version fails and leaves
    the object unchanged;
+   ``stream-create-existing``, run beside steps 1-5 on a key of its own: a create of an
+   existing key with over one part (``PART_BYTES``: the path compile artifacts take, an S3
+   multipart upload completed with ``If-None-Match``, a GCS resumable upload with
+   ``ifGenerationMatch``) fails and leaves the object unchanged. Where it cannot finish
+   (the time bound, a failed request) it decides nothing: a slow link is no lie;
 6. ``cleanup``: the probe keys are deleted (its failures decide nothing).
 
-That is ``CHECK_REQUESTS`` (16) primitive calls, plus one delete per key (2). Verdicts:
+That is ``CHECK_REQUESTS`` (17) primitive calls, plus one delete per key (3), the deletes
+at once. Verdicts:
 ``HONEST``; ``LIES`` only on evidence that a precondition was ignored (a write that should
 have failed succeeded, or stored content changed); ``READ_ONLY`` when the credentials may
 not write (HTTP 403): nothing to judge; ``UNKNOWN`` after a transient failure (timeout,
@@ -51,7 +53,7 @@ T = TypeVar("T")
 
 RACERS = 8
 """Concurrent creates of one fresh key in step 4."""
-CHECK_REQUESTS = 8 + RACERS
+CHECK_REQUESTS = 9 + RACERS
 """Primitive calls of steps 1-5 when every one passes (cleanup adds one delete per key)."""
 PROBE_TIMEOUT_S = 10.0
 """Seconds a probe may take in all; past it, no verdict."""
@@ -61,10 +63,11 @@ STREAM_MIN_S = 5.0
 STEPS = {
     "create": "create-if-absent on a fresh key succeeds",
     "create-existing": "the same create fails and leaves the object unchanged",
-    "stream-create-existing": "so does a create of over one part (multipart, resumable)",
     "cas-missing": "compare-and-swap on a missing key fails and leaves it absent",
     "concurrent-create": f"{RACERS} concurrent creates of a fresh key: exactly one wins",
     "cas-wrong-version": "compare-and-swap with a wrong version fails, object unchanged",
+    "stream-create-existing": "a create of over one part (multipart, resumable) of an "
+    "existing key fails, object unchanged",
     "cleanup": "the probe keys are deleted",
 }
 """Each step's name and what it checks, in order."""
@@ -215,7 +218,6 @@ class _Run:
             raise _Decided(StoreVerdict.LIES, step, "a failed create overwrote the object")
         version = found[1]
         self.passed(step)
-        self.streamed(k1, first)
 
         step = "cas-missing"
         k2 = self.key()
@@ -247,56 +249,74 @@ class _Run:
         self.passed(step)
         self.passed(wrong)
 
-    def streamed(self, key: str, first: bytes) -> None:
-        """``stream-create-existing`` on ``key`` (holding ``first``): decides only on
-        evidence of a lie; not finishing (the time bound, a failed request) decides nothing."""
+    def streamed(self) -> Step | _Decided:
+        """``stream-create-existing`` on a key of its own (run beside the other steps): its
+        step, or the lie it found. Not finishing (the time bound, a failed request) decides
+        nothing."""
         step = "stream-create-existing"
         if self.deadline - time.monotonic() < STREAM_MIN_S:
-            self.steps.append(Step(step, None, "skipped: too little of the probe's time left"))
-            return
+            return Step(step, None, "skipped: too little of the probe's time left")
+        key, first = self.key(), self.data("stream-first")
         try:
-            created = self.call(step, lambda: self.create_streamed(key), writes=True)
-            found = self.call(step, lambda: self.read(key))
-        except _Decided as d:
-            if d.verdict is StoreVerdict.READ_ONLY:
-                raise
-            self.unreachable = False  # one stream that did not finish: not a store that is down
-            self.steps.append(Step(step, None, f"not decided: {d.detail}"))
-            return
+            self.requests += 1
+            if not self.create(key, first):
+                return Step(step, None, "not decided: a create of a fresh key failed")
+            self.requests += 2
+            created = self.create_streamed(key)
+            found = self.read(key)
+        except Exception as exc:  # a store error, or anything else: no evidence of a lie
+            return Step(step, None, f"not decided: {type(exc).__name__}: {exc}")
         if created:
-            raise _Decided(StoreVerdict.LIES, step, "a create of an existing key succeeded")
+            return _Decided(StoreVerdict.LIES, step, "a create of an existing key succeeded")
         if found is None or found[0] != first:
-            raise _Decided(StoreVerdict.LIES, step, "a failed create overwrote the object")
-        self.passed(step)
+            return _Decided(StoreVerdict.LIES, step, "a failed create overwrote the object")
+        return Step(step, True)
 
     def cleanup(self) -> Step:
-        """Delete the probe keys (not where the store did not answer or denied writes)."""
+        """Delete the probe keys, all at once (not where the store did not answer or denied
+        writes)."""
         if self.unreachable or self.denied:
             why = "did not answer" if self.unreachable else "denies writes"
             return Step("cleanup", None, f"skipped: the store {why}")
-        try:
-            for key in self.written:
-                if time.monotonic() > self.deadline:
-                    return Step("cleanup", False, "not done before the deadline")
-                self.requests += 1
-                self.store.delete_object(key)
-        except PlanStoreError as exc:
-            return Step("cleanup", False, str(exc))
+        if time.monotonic() > self.deadline:
+            return Step("cleanup", False, "not done before the deadline")
+        self.requests += len(self.written)
+        jobs = [
+            background.start(functools.partial(self.store.delete_object, key), "plancache-probe")
+            for key in list(self.written)
+        ]
+        for job in jobs:
+            if not job.join(self.deadline - time.monotonic()):
+                return Step("cleanup", False, "not done before the deadline")
+            try:
+                job.wait(0)
+            except PlanStoreError as exc:
+                return Step("cleanup", False, str(exc))
         return Step("cleanup", True)
 
 
 def probe(store: PlanStore, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Run the probe on fresh random keys of ``store``; never raises a ``PlanStoreError``.
-    Bounded: ``CHECK_REQUESTS`` primitive calls and two deletes, and ``timeout`` seconds
+    Bounded: ``CHECK_REQUESTS`` primitive calls and three deletes, and ``timeout`` seconds
     (each call also bounded by the store's own call timeout)."""
     start = time.monotonic()
     run = _Run(store, start + timeout)
     verdict, step, detail = StoreVerdict.HONEST, None, "every precondition held"
+    streaming = background.start(run.streamed, "plancache-probe")
     try:
         run.checks()
+        streamed: Step | _Decided = Step(
+            "stream-create-existing", None, "not decided: it did not finish in time"
+        )
+        if streaming.join(run.deadline - time.monotonic()):
+            streamed = streaming.wait(0)
+        if isinstance(streamed, _Decided):
+            raise streamed
+        run.steps.append(streamed)
     except _Decided as d:
         verdict, step, detail = d.verdict, d.step, d.detail
         run.steps.append(Step(d.step, False if verdict is StoreVerdict.LIES else None, detail))
+    streaming.join(run.deadline - time.monotonic())  # its key, once written, is cleaned up
     run.steps.append(run.cleanup())
     seconds = time.monotonic() - start
     return ProbeResult(verdict, step, detail, tuple(run.steps), run.requests, seconds)

@@ -249,6 +249,9 @@ JOIN_S = 1.0
 """Seconds a boot at its first forward still waits for a fetch that has not begun to stream
 an accepted artifact: a store that did not answer while the weights loaded is not waited
 for (one that streams is, until the pace or the deadline gives up)."""
+FIRST_ANSWER_S = 5.0
+"""Seconds from a fetch's start that a store has to begin streaming, however quickly the
+weights loaded (a tiny model reaches its first forward at once)."""
 _POLL_S = 0.05
 
 
@@ -257,13 +260,15 @@ def join_fetch(
     deadline: float,
     streaming: threading.Event,
     cancelled: threading.Event,
-    grace: float = JOIN_S,
+    started: float | None = None,
 ) -> bool:
-    """Wait for ``job``, a fetch started before the first forward (``ArtifactStore.fetch``
-    with ``streaming`` and ``cancelled``): until ``deadline`` (monotonic) once it streams,
-    else at most ``grace`` seconds more. True if it ended; else ``cancelled`` is set (it
-    installs nothing after this) and False."""
-    give_up = time.monotonic() + grace
+    """Wait for ``job``, a fetch started at ``started`` (monotonic; default: now) before the
+    first forward (``ArtifactStore.fetch`` with ``streaming`` and ``cancelled``): until
+    ``deadline`` (monotonic) once it streams, else until ``JOIN_S`` from now or
+    ``FIRST_ANSWER_S`` from its start, whichever is later. True if it ended; else
+    ``cancelled`` is set (it installs nothing after this) and False."""
+    now = time.monotonic()
+    give_up = max(now + JOIN_S, (now if started is None else started) + FIRST_ANSWER_S)
     while not job.done():
         limit = deadline if streaming.is_set() else min(deadline, give_up)
         left = limit - time.monotonic()

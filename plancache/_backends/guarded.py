@@ -169,6 +169,8 @@ class GuardedStore(ForwardingStore):
         self._probing: Job[None] | None = None
         self._hurry = threading.Event()
         """Set by a write that waits for the verdict: a probe still in its delay starts."""
+        self._stored: object = None
+        """The shared verdict's version when this node last read it (None: absent)."""
         if trust:
             log.warning(
                 "plancache: %s=1: writing to %s without checking that it honours conditional "
@@ -323,14 +325,16 @@ class GuardedStore(ForwardingStore):
         if result.verdict in _KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
-            share(self.store, result)
+            share(self.store, result, self._stored)
             return result, VERDICT_TTL_S
         return result, self.retry_s
 
     def _shared(self, ident: str) -> tuple[ProbeResult, float] | None:
         """The verdict another node shared and when it was found, if it may be taken (see
-        the module); else None. Raises ``PlanStoreError`` where the store did not answer."""
+        the module); else None (``self._stored``: the stored object's version, None if
+        absent). Raises ``PlanStoreError`` where the store did not answer."""
         found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
+        self._stored = None if found is None else found[1]
         if found is None:
             return None
         try:
@@ -373,11 +377,14 @@ class GuardedStore(ForwardingStore):
             )
 
 
-def share(store: RemoteStore, result: ProbeResult) -> None:
+_LOOK = object()
+
+
+def share(store: RemoteStore, result: ProbeResult, stored: object = _LOOK) -> None:
     """Write ``result`` as ``store``'s shared verdict (see the module), over the one stored
-    (compare-and-swap: of two nodes replacing it at once, one wins). A node that checks
-    signatures but holds no signing key shares nothing (its nodes would not take it).
-    Never raises."""
+    (compare-and-swap on ``stored``, its version, None if absent; default: read it first.
+    Of two nodes replacing it at once, one wins). A node that checks signatures but holds
+    no signing key shares nothing (its nodes would not take it). Never raises."""
     keyring = store.keyring
     if keyring.requires_signature and not keyring.can_sign:
         return
@@ -393,8 +400,10 @@ def share(store: RemoteStore, result: ProbeResult) -> None:
         record["signature"] = keyring.sign_payload(payload).to_dict()
     layer = store.probe_store()
     try:
-        found = layer.read_object(SHARED_VERDICT, SHARED_LIMIT)
-        mode = CREATE if found is None else Update(found[1])
+        if stored is _LOOK:
+            found = layer.read_object(SHARED_VERDICT, SHARED_LIMIT)
+            stored = None if found is None else found[1]
+        mode = CREATE if stored is None else Update(stored)
         layer.write_object(SHARED_VERDICT, (orjson.dumps(record),), mode)
     except Exception as exc:  # fail-open: the next node probes too
         log.debug("plancache: %s: verdict not shared: %s", store.url, scrub(str(exc)))

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from plancache import _background as background
-from plancache._artifacts.share import JOIN_S, ArtifactStore, CompileSettings, join_fetch
+from plancache._artifacts.share import (
+    FIRST_ANSWER_S,
+    JOIN_S,
+    ArtifactStore,
+    CompileSettings,
+    join_fetch,
+)
 from plancache._config import Settings
 from plancache.testing.servers import CountingProxy, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
@@ -83,9 +89,10 @@ def test_nothing_is_installed_once_the_boot_stopped_waiting(
 def test_a_boot_at_its_first_forward_waits_for_a_store_only_while_it_streams(
     tmp_path: Path, moto_s3: MotoS3, stored: Any
 ) -> None:
-    """``join_fetch``: a store that has not answered by the first forward is waited for at
-    most ``JOIN_S`` more (then the fetch is cancelled); one that streams an accepted
-    artifact is waited for until it ends."""
+    """``join_fetch``: a store that has not begun to stream by the first forward is waited
+    for ``JOIN_S`` more, or until ``FIRST_ANSWER_S`` from the fetch's start where the first
+    forward came sooner (then the fetch is cancelled); one that streams an accepted artifact
+    is waited for until it ends."""
     url = stored(60.0)
     with CountingProxy(moto_s3.endpoint, delay_s=20.0) as silent:
         node = _store(url, silent.endpoint)
@@ -96,8 +103,15 @@ def test_a_boot_at_its_first_forward_waits_for_a_store_only_while_it_streams(
                 tmp_path / "a" / KEY, KEY, RANK, cancelled=cancelled.is_set, streaming=streaming
             )
         )
-        assert not join_fetch(job, start + 60, streaming, cancelled)
-        assert JOIN_S <= time.monotonic() - start < JOIN_S + 1.0 and cancelled.is_set()
+        assert not join_fetch(job, start + 60, streaming, cancelled, start)
+        waited = time.monotonic() - start  # the store's time to answer, from the fetch's start
+        assert FIRST_ANSWER_S <= waited < FIRST_ANSWER_S + 1.0 and cancelled.is_set()
+        late, cancelled = time.monotonic(), threading.Event()  # a join long after the start
+        job = background.start(
+            lambda: node.fetch(tmp_path / "c" / KEY, KEY, RANK, cancelled=cancelled.is_set)
+        )
+        assert not join_fetch(job, late + 60, streaming, cancelled, late - 30)
+        assert JOIN_S <= time.monotonic() - late < JOIN_S + 1.0 and cancelled.is_set()
     with CountingProxy(moto_s3.endpoint, bytes_per_s=4 * RATE) as slow:  # about 2 s
         node = _store(url, slow.endpoint)
         cancelled, streaming = threading.Event(), threading.Event()

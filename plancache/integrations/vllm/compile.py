@@ -380,10 +380,12 @@ class _Prefetch:
 
     def join(self) -> tuple[Path, str] | None:
         """Wait for the prefetch (``join_fetch``: until its deadline, the fetch bound from
-        its start with the store's opening included, once it streams; else ``JOIN_S``);
+        its start with the store's opening included, once it streams; else ``JOIN_S``, and
+        at least ``FIRST_ANSWER_S`` from its start);
         where it fetched for, or None if it computed no path or is still running: then it
         is cancelled, and installs nothing after this."""
-        if join_fetch(self.job, self.deadline, self.streaming, self.cancelled):
+        started = self.deadline - settings().fetch_timeout
+        if join_fetch(self.job, self.deadline, self.streaming, self.cancelled, started):
             return self.where
         return None
 
