@@ -363,6 +363,9 @@ Body = bytes | Iterable[bytes]
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # a reply is written in pieces (status, headers, body): without this, a client that
+    # delays its ACKs waits 40 ms on each reply, and proxies in a chain add that up
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
