@@ -370,7 +370,10 @@ def costs(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
-BACKENDS = {"s3": "S3 (moto, loopback)", "gcs": "GCS (fake-gcs-server behind its precondition proxy, loopback)"}
+BACKENDS = {
+    "s3": "S3 (moto, loopback)",
+    "gcs": "GCS (fake-gcs-server behind its precondition proxy, loopback)",
+}
 
 
 def headline(results: dict[str, Any]) -> str:
