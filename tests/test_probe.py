@@ -437,7 +437,7 @@ def test_with_keys_only_a_signed_verdict_is_taken(
 def test_a_store_too_loaded_to_answer_the_verdict_read_is_not_probed(
     behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """Where the shared verdict's read fails (503), a probe would fail too and add sixteen
+    """Where the shared verdict's read fails (503), a probe would fail too and add twenty
     requests to a store already shedding load: each attempt backs off and reads again."""
     shedding = FaultyProxy(upstream(server), 503, lambda n, m, p: SHARED_VERDICT in p)
     with behind(shedding) as (store, proxy):

@@ -23,7 +23,7 @@ per store) and in memory for ``VERDICT_TTL_S`` (one day); the others only in mem
 ``RETRY_S``. They are also shared between nodes: the prober writes its verdict to the store
 (``SHARED_VERDICT`` under the probe prefix, signed with the signing key where one is set), and
 a node without a verdict of its own reads it before probing: one request instead of a
-probe's sixteen, where a rollout's nodes would all probe at once. A shared verdict is taken
+probe's 20-27 requests, where a rollout's nodes would all probe at once. A shared verdict is taken
 only if it is about the same endpoint, younger than ``VERDICT_TTL_S``, and, where keys are
 set, signed by an accepted key; anything else is no verdict and the node probes.
 
