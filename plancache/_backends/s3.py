@@ -97,12 +97,33 @@ def _missing_key(exc: ClientError) -> bool:
     return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
 
 
+_TLS: dict[tuple[str, ...], Any] = {}
+"""The TLS contexts of this process's HTTP sessions, one per set of TLS settings."""
+_TLS_LOCK = threading.Lock()
+
+
 class CappedSession(AIOHTTPSession):  # type: ignore[misc]
     """aiobotocore's HTTP session, reading at most ``ERROR_BODY_LIMIT`` bytes of an error
     response and ``BODY_LIMIT`` of another buffered one (botocore would read either whole,
     however long). A longer error body is cut (botocore then reports the HTTP status); a
     longer other body raises ``ResponseTooLargeError``. Streamed bodies (a ``GetObject``
-    that succeeds) are left to the caller, who reads at most ``READ_LIMIT``."""
+    that succeeds) are left to the caller, who reads at most ``READ_LIMIT``.
+
+    Its TLS contexts are built once per process for each set of TLS settings (verify, CA
+    bundle, client certificate, proxy) and shared by every session: aiobotocore builds them
+    for each new client, loading the CA bundle (about 20 ms of CPU) even for an ``http://``
+    endpoint. A CA bundle changed on disk is read again by a new process."""
+
+    def _build_ssl_contexts(self, proxy_url: str | None) -> Any:
+        settings = sorted(self._proxy_config.settings.items())
+        key = tuple(map(repr, (self._verify, self._cert_file, self._key_file, proxy_url, settings)))
+        with _TLS_LOCK:
+            built = _TLS.get(key)
+        if built is None:
+            built = super()._build_ssl_contexts(proxy_url)
+            with _TLS_LOCK:
+                built = _TLS.setdefault(key, built)
+        return built
 
     async def send(self, request: Any) -> Any:
         streamed = request.stream_output
