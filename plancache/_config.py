@@ -144,6 +144,9 @@ class Settings:
     """The signing and verify keys (``plancache._signing``); ``repr`` shows their ids only."""
     trust_preconditions: bool = False
     """Write to a remote store without probing that it honours conditional writes."""
+    write_patience: float | None = None
+    """Seconds a write to a remote store waits for the conformance probe's verdict, probing
+    again after each backoff (None: ``guarded.WRITE_PATIENCE_S``; the command gives 0)."""
 
     def __repr__(self) -> str:
         return (
@@ -210,6 +213,7 @@ class Settings:
                     self.local_dir,
                     trust=self.trust_preconditions,
                     writable=not self.read_only,
+                    patience=self.write_patience,
                 ),
             )
         else:

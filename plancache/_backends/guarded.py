@@ -15,8 +15,15 @@ found by then. Then, per verdict:
   ``StoreIgnoresPreconditionsError`` (a ``PlanStoreReadOnlyError``: a tiered store goes on
   reading and writing its local tier, as with ``PLANCACHE_READ_ONLY``);
 - ``read-only`` (the credentials may not write): writes raise ``PlanStoreReadOnlyError``;
-- ``unknown`` (a timeout, a server error): writes raise ``PlanStoreUnavailableError``, and a
-  write at least ``RETRY_S`` later probes again.
+- ``unknown`` (a timeout, a server error, a store too loaded to answer): the next probe
+  may start after a backoff (``RETRY_MIN_S``, doubling at each ``unknown`` in a row up to
+  ``RETRY_S``). A write waits for a verdict up to ``patience`` seconds (``open_guarded``
+  gives ``WRITE_PATIENCE_S``: every write of a node is off its boot's path, a save after the
+  warm-up, an upload after the compile, each bounded at exit), probing again after each
+  backoff; with none by then it raises ``PlanStoreUnavailableError`` (a plan stays marked in
+  the local tier and is offered again at the next boot). So a rollout whose store is too
+  loaded for any probe to conclude at first shares what its nodes measured and compiled once
+  the store answers again, within the same boots, instead of never.
 
 ``honest`` and ``lies`` are cached on disk (``<local dir>/conformance/``, one small JSON file
 per store) and in memory for ``VERDICT_TTL_S`` (one day); the others only in memory, for
@@ -73,7 +80,13 @@ BACKOFF_S = 0.5
 """A probe without a verdict (a timeout, HTTP 503 SlowDown, 429) is tried again, up to
 ``PROBE_ATTEMPTS`` in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
 RETRY_S = 60.0
-"""Seconds before a write probes again after ``unknown`` or ``read-only``."""
+"""Most seconds before a write probes again after ``unknown``; seconds after ``read-only``."""
+RETRY_MIN_S = 2.0
+"""Seconds before a write probes again after a first ``unknown`` (doubling, see the module)."""
+WRITE_PATIENCE_S = 300.0
+"""Seconds a write through ``open_guarded``'s store waits for a verdict (see the module)."""
+MAX_WAITS = 16
+"""Most probes one write waits for."""
 SHARED_VERDICT = "verdict.json"
 """The object, under the probe prefix, that holds the last prober's verdict for every node."""
 SHARED_LIMIT = 4096
@@ -156,6 +169,7 @@ class GuardedStore(ForwardingStore):
         probe_timeout: float = PROBE_TIMEOUT_S,
         retry_s: float = RETRY_S,
         probe_on_warm: bool = True,
+        patience: float = 0.0,
     ) -> None:
         self.store = store
         self.verdicts = verdicts
@@ -163,6 +177,9 @@ class GuardedStore(ForwardingStore):
         self.probe_on_warm = probe_on_warm
         self.probe_timeout = probe_timeout
         self.retry_s = retry_s
+        self.patience = patience
+        self._unknowns = 0
+        """``unknown`` verdicts in a row (the backoff before the next probe)."""
         self._lock = threading.Lock()
         self._result: ProbeResult | None = None
         self._expires = 0.0
@@ -259,18 +276,32 @@ class GuardedStore(ForwardingStore):
 
     def verdict(self) -> ProbeResult:
         """The store's verdict: the one known, else that of a probe started now or already
-        running (waiting at most ``probe_timeout`` seconds for it; where that was an early
-        probe that found none, once more for a probe of its own)."""
-        for _ in range(2):
+        running (waiting at most ``probe_timeout`` seconds for it). Where it found none, once
+        more for a probe of its own if that was an early probe, and again after each backoff
+        for up to ``patience`` seconds (at most ``MAX_WAITS`` probes)."""
+        deadline = time.monotonic() + self.patience
+        result = ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
+        for attempt in range(MAX_WAITS):
             probing = self._start_probe()
             if isinstance(probing, ProbeResult):
-                return probing
-            self._hurry.set()  # a warm-up's probe waiting out its delay starts now
-            if not probing.join(self.probe_timeout + 1.0) or self._result is None:
+                result = probing
+            else:
+                self._hurry.set()  # a warm-up's probe waiting out its delay starts now
+                if not probing.join(self.probe_timeout + 1.0):
+                    return ProbeResult(
+                        StoreVerdict.UNKNOWN, None, "the conformance probe is not done"
+                    )
+                result = self._result or result
+            if result.verdict is not StoreVerdict.UNKNOWN:
+                return result
+            with self._lock:
+                wait = self._expires - time.monotonic()
+            if wait <= 0 and attempt == 0:
+                continue  # an early probe's: once more, for a probe of this write's own
+            if time.monotonic() + max(0.0, wait) > deadline:
                 break
-            if self._result.verdict is not StoreVerdict.UNKNOWN or self._fresh():
-                return self._result
-        return ProbeResult(StoreVerdict.UNKNOWN, None, "the conformance probe is not done")
+            time.sleep(max(0.0, wait))
+        return result
 
     def _fresh(self) -> bool:
         with self._lock:
@@ -287,8 +318,13 @@ class GuardedStore(ForwardingStore):
         except Exception as exc:  # e.g. the client could not open: no verdict
             result = ProbeResult(StoreVerdict.UNKNOWN, None, scrub(f"{type(exc).__name__}: {exc}"))
             expires = self.retry_s
-        if early and result.verdict is StoreVerdict.UNKNOWN:
-            expires = 0.0
+        with self._lock:
+            if result.verdict is StoreVerdict.UNKNOWN:
+                backoff = min(expires, RETRY_MIN_S * 2**self._unknowns)
+                expires = 0.0 if early else random.uniform(0.5, 1.0) * backoff
+                self._unknowns += not early
+            else:
+                self._unknowns = 0
         self._report(result)
         with self._lock:
             self._result = result
@@ -416,12 +452,15 @@ def open_guarded(
     *,
     trust: bool = False,
     writable: bool = True,
+    patience: float | None = None,
 ) -> PlanStore:
     """``open_store(url, **storage_options)``, an object store behind a ``GuardedStore``
-    whose verdicts are cached under ``local_dir`` (None: in memory only) and which probes
-    when warmed where ``writable``; other stores as they are."""
+    whose verdicts are cached under ``local_dir`` (None: in memory only), which probes when
+    warmed where ``writable`` and whose writes wait up to ``patience`` seconds (None:
+    ``WRITE_PATIENCE_S``) for a verdict; other stores as they are."""
     store = open_store(url, **storage_options)
     if not isinstance(store, RemoteStore):
         return store
     verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
-    return GuardedStore(store, verdicts, trust=trust, probe_on_warm=writable)
+    wait = WRITE_PATIENCE_S if patience is None else patience
+    return GuardedStore(store, verdicts, trust=trust, probe_on_warm=writable, patience=wait)

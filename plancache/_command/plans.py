@@ -81,7 +81,12 @@ def _open(
     url, storage_options = _where(args, url, options, flag, shared_for_local)
     env = Settings.from_env()
     settings = dataclasses.replace(
-        env, url=url, storage_options=storage_options, local_tier=None, keyring=_keyring(args)
+        env,
+        url=url,
+        storage_options=storage_options,
+        local_tier=None,
+        keyring=_keyring(args),
+        write_patience=0.0,  # a command says at once that it could not write
     )
     store = settings.open_store()
     args.opened.append(store)
