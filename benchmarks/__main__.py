@@ -3,8 +3,9 @@
 ``python -m benchmarks`` runs the compile-artifact boots first (real vLLM compiles on this
 CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
 local store costs, ``import plancache`` cost, S3 and GCS costs on loopback servers it starts
-itself, write contention on one key, the fleet simulation, rollouts of 100 and 1,000 nodes
-against S3 under load (``benchmarks.rollout``), and the real-boot benchmark when
+itself, write contention on one key, the fleet simulation, a rollout of 1,000 nodes
+against S3 under load beside the same rollout without plancache (``benchmarks.rollout``),
+and the real-boot benchmark when
 a GPU and vLLM are present (else it says it is skipped and why). The terminal shows one line
 per stage and ends with one table of the headline results; ``results.json`` (every figure),
 ``tables.txt`` (every table), ``results.png`` and ``bench.log`` (what the stages, their
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--samples", type=int, default=2000, help="timed calls per local op")
-    parser.add_argument("--remote-samples", type=int, default=200, help="per S3/GCS op")
+    parser.add_argument("--remote-samples", type=int, default=100, help="per S3/GCS op")
     parser.add_argument("--nodes", type=int, default=32, help="fleet worker processes")
     parser.add_argument("--configs", type=int, default=4, help="distinct fingerprints")
     parser.add_argument(
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rollouts",
-        default="100:10,1000:90",
+        default="1000:90",
         help="rollout simulations, as NODES:WINDOW_SECONDS,... (empty: none)",
     )
     parser.add_argument(
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the compile-artifact boots")
     parser.add_argument(
-        "--compile-memory-mib", type=int, default=1024, help="artifact size of the memory check"
+        "--compile-memory-mib", type=int, default=256, help="artifact size of the memory check"
     )
     return parser
 

@@ -45,6 +45,19 @@ def gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def cpu_seconds() -> float | None:
+    """CPU seconds this whole machine has spent busy since it booted (every process, this
+    one's or not: ``/proc/stat``); None where that cannot be read. Two readings a wall
+    interval apart give the machine's load in CPU seconds per wall second."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
 def describe() -> dict[str, Any]:
     """Platform, Python, CPU, memory and GPUs of this machine."""
     return {

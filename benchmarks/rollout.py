@@ -1,6 +1,15 @@
-"""A rollout: N nodes boot one new model version within a window, against S3 under load.
+"""A rollout: N nodes boot one new model version within a window, against S3 under load,
+beside the same rollout without plancache.
 
-Each node is a thread running plancache's real code on its own local directory: a
+Each node boots twice, at the same moment, in the same process: its *on* twin with
+plancache, its *off* twin without (weights, profile, compile: every node profiles and
+compiles, as a fleet without plancache does). Both twins of every node share the machine's
+load at every moment, so a node's first forward is compared with its own off twin's, not with
+a nominal cold time: what CPU starvation of this 2-core machine costs falls on both, and
+what remains is plancache's. The machine's load (CPU seconds per wall second, every process)
+is reported beside each run.
+
+Each on twin is a thread running plancache's real code on its own local directory: a
 ``PlanCache`` (the plan: lookup started when the boot starts, joined after the weights load;
 on a miss it profiles and records) and an ``ArtifactStore`` on the same store stack (the
 compile artifact: fetched while the weights load, within the fetch bound and the producer's
@@ -16,8 +25,12 @@ and the profiled KV cache vary per node as in the fleet simulation (``Fleet``). 
 cold time is what it would spend without plancache: weights + profile + compile.
 
 Figures per run: nodes that profiled or compiled and why; requests (and 503s) and bytes
-uploaded per key; each node's time to first forward against its cold time; observations
-lost (a profiled node's observation that the store's final record neither holds nor covers).
+uploaded per key; each node's time to first forward against its off twin's; observations
+lost (a profiled node's observation that the store's final record neither holds nor covers,
+and that its node does not keep marked for its next boot) and those kept for the next boot;
+the goals (``GOALS``) met or not. The final state is read from the emulator directly (not
+through the load), with retries; where it still cannot be read, the run says so instead of
+failing.
 """
 
 from __future__ import annotations
@@ -34,12 +47,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import machine
 from benchmarks.console import log_to_stderr
 from benchmarks.fleet import Fleet, config_factors
-from plancache import PlanCache, open_store
+from plancache import PlanCache, PlanStoreError, open_store
 from plancache import _background as background
 from plancache._artifacts.manifest import object_name
 from plancache._artifacts.share import ArtifactStore, CompileSettings, Fetched, join_fetch
+from plancache._backends.tiered import UNSHARED_PREFIX
 from plancache._config import Settings
 from plancache._merge import covers
 from plancache._observation import Observation
@@ -52,8 +67,16 @@ RANK = "rank_0_0"
 SIGNING_KEY = "rollout-signing-key-0123456789abcdef"  # the fleet's key: artifacts are code
 PROCESSES = 4
 SLOWER = 1.01
-"""A first forward later than this times the node's cold time counts as slower than cold
-(a boot that misses everything is cold plus a few milliseconds of threads and sleeps)."""
+"""A first forward later than this times its off twin's counts as slower than without
+plancache (a boot that misses everything is its off twin plus a few milliseconds)."""
+GOALS = {
+    "slower": "at most 1% of nodes slower than their off twin by more than 1.01x",
+    "late": "no node beyond its off twin by 5% + 1 s",
+    "uploads": "one upload per key, at most 1.2x the artifact's bytes",
+    "lost": "no observation lost",
+}
+ACCOUNTING_TRIES = 5
+"""Reads of the final state (the emulator directly) before a run says it could not."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,10 @@ class Load:
     reads_per_s: int = 300
     writes_per_s: int = 150
     link_bytes_per_s: float = 40e6
+    overload_s: float = 0.0
+    """Seconds from the window's start in which every request answers ``overload_delay_s``
+    later still: a store the herd's first seconds overload (beyond the client's bounds)."""
+    overload_delay_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -192,14 +219,31 @@ def boot(spec: Spec, node: Node) -> dict[str, Any]:
     }
 
 
+def boot_off(spec: Spec, node: Node) -> dict[str, Any]:
+    """The node's off twin: the same boot without plancache (it profiles and compiles)."""
+    time.sleep(max(0.0, spec.start_at + node.arrival - time.time()))
+    t = spec.timing
+    start = time.monotonic()
+    time.sleep(t.weights_s)
+    time.sleep(t.profile_s)
+    began = time.monotonic()
+    _tree(Path(node.directory) / "off" / KEY, spec.artifact_bytes)
+    time.sleep(max(0.0, t.compile_s - (time.monotonic() - began)))
+    return {"node": node.index, "first_forward_s": time.monotonic() - start}
+
+
 def _worker(spec: Spec, nodes: list[Node], out: str) -> None:
-    """One process's nodes, each in a thread; their reports to ``out`` (JSON). The process
-    then exits normally, so that records past their budget get their exit wait."""
+    """One process's nodes, each twin in a thread; their reports to ``out`` (JSON). The
+    process then exits normally, so that records past their budget get their exit wait."""
     log_to_stderr()
     from plancache._backends import s3  # noqa: F401  (the client library, as warm does)
 
-    reports: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=lambda n=n: reports.append(boot(spec, n))) for n in nodes]
+    reports: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    threads = [
+        threading.Thread(target=lambda n=n, f=f, k=k: reports[k].append(f(spec, n)))
+        for n in nodes
+        for k, f in (("on", boot), ("off", boot_off))
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -218,7 +262,9 @@ def run(
     artifact_bytes: int = 512 * KiB,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """One rollout of ``nodes`` nodes arriving within ``window`` seconds on a fresh bucket."""
+    """One rollout of ``nodes`` nodes arriving within ``window`` seconds on a fresh bucket,
+    each node with its off twin (see the module). Raises only where a worker process failed
+    (a defect); a store that cannot be read afterwards is said in the figures."""
     bucket = f"rollout-{nodes}-{os.getpid()}-{int(time.time() * 1e3)}"
     moto.create_bucket(bucket)
     fleet = Fleet.draw(seed, nodes=nodes, configs=1, rounds=1, window=window, stragglers=0.0)
@@ -227,41 +273,77 @@ def run(
         for n in range(nodes)
     ]
     ctx = multiprocessing.get_context("spawn")
-    proxy = servers.S3UnderLoad(moto.endpoint, **asdict(load))
+    proxy = servers.S3UnderLoad(
+        moto.endpoint,
+        delay_s=load.delay_s,
+        reads_per_s=load.reads_per_s,
+        writes_per_s=load.writes_per_s,
+        link_bytes_per_s=load.link_bytes_per_s,
+    )
     with servers.fake_aws_env(), proxy:
         options = {"endpoint_url": proxy.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
         spec = Spec(f"s3://{bucket}/models", options, timing, artifact_bytes, time.time() + 5.0)
+        proxy.overload(time.monotonic() + 5.0 + load.overload_s, load.overload_delay_s)
         workers = []
         for i in range(PROCESSES):
             out = str(work / f"reports-{i}.json")
             mine = population[i::PROCESSES]
             workers.append((ctx.Process(target=_worker, args=(spec, mine, out)), out))
+        cpu, wall = machine.cpu_seconds(), time.monotonic()
         for w, _ in workers:
             w.start()
         for w, _ in workers:
             w.join(900)
-        reports = [r for _, out in workers for r in json.loads(Path(out).read_text())]
-        requests = proxy.requests
+        cpu_after, wall = machine.cpu_seconds(), time.monotonic() - wall
+        failed = [w.exitcode for w, _ in workers if w.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"rollout worker processes failed: exit {failed} (see the log)")
+        reports: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+        for _, out in workers:
+            for twin, found in json.loads(Path(out).read_text()).items():
+                reports[twin] += found
         name = object_name(KEY, RANK)
         uploaded = sum(n for obj, n in proxy.received_by_name.items() if obj.startswith(name))
-        figures = _summary(reports, requests, uploaded, proxy.throttled, timing)
-        figures["observations_lost"] = _lost(reports, moto, bucket)
-    artifact = _artifact_size(moto, bucket)
+        figures = _summary(reports, proxy.requests, uploaded, proxy.throttled)
+    figures.update(_final_state(reports["on"], population, moto, bucket))
+    artifact = figures.get("artifact_bytes")
     figures.update(
         nodes=nodes,
         window_s=window,
         load=asdict(load),
-        artifact_bytes=artifact,
+        machine_load=None if cpu is None or cpu_after is None else (cpu_after - cpu) / wall,
+        cores=os.cpu_count(),
         upload_bytes_per_key=figures["artifact_uploaded_bytes"] / artifact if artifact else None,
         timing=asdict(timing),
         simulated="loading weights, profiling and compiling (sleeps); the artifact's bytes",
     )
+    figures["goals"] = _goals(figures)
     return figures
 
 
-def _artifact_size(moto: servers.MotoS3, bucket: str) -> int:
+def _final_state(
+    reports: list[dict[str, Any]], population: list[Node], moto: servers.MotoS3, bucket: str
+) -> dict[str, Any]:
+    """What the store holds at the end, read from the emulator directly (not through the
+    load), ``ACCOUNTING_TRIES`` times at most: the artifact's size, and the observations
+    lost and kept (see the module); ``{"accounting": why}`` where it could not be read."""
+    why = ""
+    for attempt in range(ACCOUNTING_TRIES):
+        time.sleep(attempt * 2.0)
+        store = open_store(
+            f"s3://{bucket}/models", endpoint_url=moto.endpoint, read_timeout=20, timeout=60
+        )
+        try:
+            return {"artifact_bytes": _artifact_size(store), **_lost(reports, population, store)}
+        except PlanStoreError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        finally:
+            store.close()
+    return {"accounting": f"the final state could not be read ({ACCOUNTING_TRIES} tries): {why}"}
+
+
+def _artifact_size(store: Any) -> int:
     """The stored artifact's size (0 if none was stored)."""
-    store = open_store(f"s3://{bucket}/models", endpoint_url=moto.endpoint)
     found = store.open_object(object_name(KEY, RANK))
     if found is None:
         return 0
@@ -274,45 +356,72 @@ def _artifact_size(moto: servers.MotoS3, bucket: str) -> int:
     return size
 
 
-def _lost(reports: list[dict[str, Any]], moto: servers.MotoS3, bucket: str) -> int:
-    """Profiled observations that the store's final record neither holds nor covers."""
-    store = open_store(f"s3://{bucket}/models", endpoint_url=moto.endpoint)
+def _lost(reports: list[dict[str, Any]], population: list[Node], store: Any) -> dict[str, int]:
+    """Profiled observations that the store's final record neither holds nor covers: those
+    whose node keeps them marked for its next boot (``kept``), and the others (``lost``)."""
     from plancache._plan import Plan
 
     fp = Plan.new(config_factors(0), kv_cache_memory_bytes=1, free_memory_baseline=1).fingerprint
     plan = store.get(fp)
     stored = plan.observations if plan is not None else ()
-    lost = 0
+    lost = kept = 0
     for r in reports:
         if r["observation"] is not None:
             kv, free = r["observation"]
-            lost += not covers(stored, Observation(kv, free, 0.0))
-    return lost
+            if not covers(stored, Observation(kv, free, 0.0)):
+                local = open_store(str(Path(population[r["node"]].directory) / "local"))
+                marked = UNSHARED_PREFIX + fp in set(local.list_objects(UNSHARED_PREFIX))
+                kept += marked
+                lost += not marked
+    return {"observations_lost": lost, "observations_kept_for_next_boot": kept}
+
+
+def _goals(r: dict[str, Any]) -> dict[str, bool | None]:
+    """Each of ``GOALS``: met, not met, or None where it could not be measured."""
+    per_key = r["upload_bytes_per_key"]
+    lost = r.get("observations_lost")
+    return {
+        "slower": r["slower_than_off"] <= 0.01 * r["boots"],
+        "late": r["beyond_5pct_plus_1s"] == 0,
+        "uploads": None
+        if "accounting" in r
+        else r["uploads_created"] == 1 and per_key is not None and per_key <= 1.2,
+        "lost": None if lost is None else lost == 0,
+    }
 
 
 def _summary(
-    reports: list[dict[str, Any]],
+    reports: dict[str, list[dict[str, Any]]],
     requests: list[tuple[str, str]],
     uploaded: int,
     throttled: int,
-    timing: Timing,
 ) -> dict[str, Any]:
-    ratios = [r["first_forward_s"] / r["cold_s"] for r in reports]
-    late = [r for r in reports if r["first_forward_s"] > r["cold_s"] * 1.05 + 1.0]
+    on = sorted(reports["on"], key=lambda r: r["node"])
+    off = {r["node"]: r["first_forward_s"] for r in reports["off"]}
+    ratios = [r["first_forward_s"] / off[r["node"]] for r in on]
+    late = [r for r in on if r["first_forward_s"] > off[r["node"]] * 1.05 + 1.0]
     probe = [p for _, p in requests if ".plancache-probe" in p]
     return {
-        "boots": len(reports),
-        "profiled": sum(r["profiled"] for r in reports),
-        "plan_reasons": dict(Counter(r["plan"] for r in reports)),
-        "record_reasons": dict(Counter(r["record"] for r in reports if r["record"])),
-        "compiled": sum(r["compiled"] for r in reports),
-        "artifact_reasons": dict(Counter(r["artifact"] for r in reports)),
+        "boots": len(on),
+        "profiled": sum(r["profiled"] for r in on),
+        "plan_reasons": dict(Counter(r["plan"] for r in on)),
+        "record_reasons": dict(Counter(r["record"] for r in on if r["record"])),
+        "compiled": sum(r["compiled"] for r in on),
+        "artifact_reasons": dict(Counter(r["artifact"] for r in on)),
         "uploads_created": sum(
-            isinstance(r["upload"], dict) and bool(r["upload"].get("store")) for r in reports
+            isinstance(r["upload"], dict) and bool(r["upload"].get("store")) for r in on
         ),
-        "upload_errors": [r["upload"] for r in reports if isinstance(r["upload"], str)][:5],
-        "first_forward_vs_cold": _quantiles(ratios),
-        "slower_than_cold": sum(ratio > SLOWER for ratio in ratios),
+        "upload_errors": [r["upload"] for r in on if isinstance(r["upload"], str)][:5],
+        "first_forward_vs_off": _quantiles(ratios),
+        "off_vs_cold": _quantiles([off[r["node"]] / r["cold_s"] for r in on]),
+        "slower_than_off": sum(ratio > SLOWER for ratio in ratios),
+        "slower_why": dict(
+            Counter(
+                f"plan {r['plan']}, artifact {r['artifact']}"
+                for r, ratio in zip(on, ratios, strict=True)
+                if ratio > SLOWER
+            )
+        ),
         "beyond_5pct_plus_1s": len(late),
         "requests": len(requests),
         "requests_by_method": dict(Counter(m for m, _ in requests)),
@@ -333,8 +442,11 @@ def _quantiles(samples: list[float]) -> dict[str, float]:
     }
 
 
-def measure(work: Path, sizes: tuple[tuple[int, float], ...] = ((100, 10.0),)) -> dict[str, Any]:
-    """A rollout per (nodes, window) on one moto server."""
+def measure(
+    work: Path, sizes: tuple[tuple[int, float], ...] = ((100, 10.0),), repeat: int = 1
+) -> dict[str, Any]:
+    """A rollout per (nodes, window), ``repeat`` times each, on one moto server (in its own
+    process); runs are keyed ``"<nodes>"``, then ``"<nodes> #2"``, ..."""
     out: dict[str, Any] = {
         "simulated": True,
         "processes": PROCESSES,
@@ -343,44 +455,55 @@ def measure(work: Path, sizes: tuple[tuple[int, float], ...] = ((100, 10.0),)) -
     }
     with servers.fake_aws_env(), servers.MotoS3Process() as moto:
         for nodes, window in sizes:
-            t0 = time.monotonic()
-            run_dir = work / f"rollout-{nodes}"
-            out["runs"][str(nodes)] = run(run_dir, moto, nodes, window)
-            out["runs"][str(nodes)]["wall_s"] = time.monotonic() - t0
+            for i in range(repeat):
+                t0 = time.monotonic()
+                label = str(nodes) if i == 0 else f"{nodes} #{i + 1}"
+                run_dir = work / f"rollout-{nodes}-{i}"
+                out["runs"][label] = run(run_dir, moto, nodes, window)
+                out["runs"][label]["wall_s"] = time.monotonic() - t0
     return out
 
 
-if __name__ == "__main__":
-    import sys
-    import tempfile
-
-    sizes = tuple((int(a), float(b)) for a, b in (x.split(":") for x in sys.argv[1:])) or (
-        (100, 10.0),
+def _goal_text(r: dict[str, Any]) -> str:
+    """``met``, or the goals not met (``?``: not measured)."""
+    goals = r["goals"]
+    if all(goals.values()):
+        return "met"
+    return "NOT MET: " + ", ".join(
+        g if met is False else f"{g}?" for g, met in goals.items() if not met
     )
-    with tempfile.TemporaryDirectory(prefix="plancache-rollout-") as tmp:
-        print(json.dumps(measure(Path(tmp), sizes), indent=1))
 
 
 def table(results: dict[str, Any]) -> str:
     """One line per rollout."""
     lines = [
         "rollout: one new key, nodes arriving within the window, S3 (moto) under load "
-        f"(SIMULATED boot phases; {results['processes']} processes of node threads)",
-        f"  {'nodes':>5s} {'window':>6s} {'profiled':>8s} {'compiled':>8s} {'why (artifact)':28s} "
-        f"{'first forward / cold: p50 p90 max':>34s} {'>cold':>5s} {'>5%+1s':>6s} "
-        f"{'upload/key':>10s} {'requests':>8s} {'503':>4s} {'lost':>4s}",
+        f"(SIMULATED boot phases; {results['processes']} processes of node threads, each node "
+        "beside its off twin: the same boot without plancache)",
+        f"  {'nodes':>7s} {'window':>6s} {'load':>5s} {'profiled':>8s} {'compiled':>8s} "
+        f"{'why (artifact)':28s} {'first forward / off: p50 p90 max':>33s} {'>off':>4s} "
+        f"{'>5%+1s':>6s} {'upload/key':>10s} {'requests':>8s} {'503':>4s} {'lost':>4s} "
+        f"{'kept':>4s}  goals",
     ]
-    for nodes, r in results["runs"].items():
+    for label, r in results["runs"].items():
         why = ", ".join(f"{k} {v}" for k, v in sorted(r["artifact_reasons"].items()))
-        q = r["first_forward_vs_cold"]
+        q = r["first_forward_vs_off"]
         per_key = r["upload_bytes_per_key"]
-        lines.append(
-            f"  {nodes:>5s} {r['window_s']:5.0f}s {r['profiled']:8d} {r['compiled']:8d} "
-            f"{why:28s} {q['p50']:12.2f}x {q['p90']:.2f}x {q['max']:.2f}x "
-            f"{r['slower_than_cold']:5d} {r['beyond_5pct_plus_1s']:6d} "
-            f"{'-' if per_key is None else f'{per_key:.2f}x':>10s} {r['requests']:8d} "
-            f"{r['throttled_503']:4d} {r['observations_lost']:4d}"
+        load = "-" if r["machine_load"] is None else f"{r['machine_load']:.2f}"
+        lost, kept = (
+            ("-", "-")
+            if "accounting" in r
+            else (r["observations_lost"], r["observations_kept_for_next_boot"])
         )
+        lines.append(
+            f"  {label:>7s} {r['window_s']:5.0f}s {load:>5s} {r['profiled']:8d} "
+            f"{r['compiled']:8d} {why:28s} {q['p50']:11.2f}x {q['p90']:.2f}x {q['max']:.2f}x "
+            f"{r['slower_than_off']:4d} {r['beyond_5pct_plus_1s']:6d} "
+            f"{'-' if per_key is None else f'{per_key:.2f}x':>10s} {r['requests']:8d} "
+            f"{r['throttled_503']:4d} {lost:>4} {kept:>4}  {_goal_text(r)}"
+        )
+        if "accounting" in r:
+            lines.append(f"    {r['accounting']}")
     t, load = next(iter(results["runs"].values()))["timing"], results["load"]
     lines.append(
         f"  boot phases (SIMULATED): weights {t['weights_s']} s, profile {t['profile_s']} s, "
@@ -389,22 +512,43 @@ def table(results: dict[str, Any]) -> str:
         f"prefix, {load['link_bytes_per_s'] / 1e6:.0f} MB/s shared"
     )
     lines.append(
-        "  >cold: first forward over 1.01x the node's cold time; lost: profiled observations "
-        "the final record neither holds nor covers"
+        "  load: the machine's CPU seconds per wall second during the run (all processes; "
+        f"{next(iter(results['runs'].values()))['cores']} cores); >off: first forward over "
+        f"{SLOWER}x the node's off twin's; lost: profiled observations the final record "
+        "neither holds nor covers, not kept either; kept: marked for the node's next boot"
     )
+    lines.append("  goals: " + "; ".join(f"{g}: {text}" for g, text in GOALS.items()))
     return "\n".join(lines)
 
 
 def row(results: dict[str, Any]) -> tuple[str, str]:
-    """The headline's line: the largest rollout."""
-    nodes, r = max(results["runs"].items(), key=lambda kv: int(kv[0]))
-    q = r["first_forward_vs_cold"]
+    """The headline's line: the largest rollout (its first run)."""
+    label, r = max(results["runs"].items(), key=lambda kv: int(kv[1]["nodes"]))
+    q = r["first_forward_vs_off"]
     per_key = r["upload_bytes_per_key"]
+    lost = "-" if "accounting" in r else r["observations_lost"]
     return (
-        f"rollout: {nodes} nodes in {r['window_s']:.0f} s, one new key (simulated phases)",
-        f"first forward p50 {q['p50']:.2f}x / max {q['max']:.2f}x cold; "
-        f"{r['slower_than_cold']} slower than cold; {r['compiled']} compiled, "
+        f"rollout: {label} nodes in {r['window_s']:.0f} s, one new key (simulated phases)",
+        f"first forward p50 {q['p50']:.2f}x / max {q['max']:.2f}x its off twin's; "
+        f"{r['slower_than_off']} slower than off; {r['compiled']} compiled, "
         f"{r['profiled']} profiled; "
         + (f"{per_key:.2f}x the artifact uploaded; " if per_key is not None else "")
-        + f"{r['observations_lost']} observations lost",
+        + f"{lost} observations lost; goals {_goal_text(r)}",
     )
+
+
+if __name__ == "__main__":
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rollout")
+    parser.add_argument("sizes", nargs="*", default=["100:10"], help="NODES:WINDOW_SECONDS")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each size")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args()
+    sizes = tuple((int(a), float(b)) for a, b in (x.split(":") for x in args.sizes))
+    with tempfile.TemporaryDirectory(prefix="plancache-rollout-") as tmp:
+        found = measure(Path(tmp), sizes, args.repeat)
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=1))
+    print(table(found))

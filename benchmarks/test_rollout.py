@@ -1,9 +1,12 @@
 """The rollout simulation runs the real code and counts what it promises: one upload per
-key, every profiled observation kept, every node's boot accounted for."""
+key, every profiled observation kept, every node's boot accounted for beside its off twin;
+and a store too loaded for any probe to conclude still gets what the fleet made."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from benchmarks import rollout
 from plancache.testing import servers
@@ -17,9 +20,29 @@ def test_a_small_rollout_uploads_once_and_loses_nothing(tmp_path: Path) -> None:
     assert r["compiled"] >= 1 and r["uploads_created"] == 1  # the first node's, once
     assert r["artifact_bytes"] > 0 and r["upload_bytes_per_key"] <= 1.2
     assert r["profiled"] >= 1 and r["observations_lost"] == 0
+    assert r["observations_kept_for_next_boot"] == 0  # every one reached the store
     assert set(r["artifact_reasons"]) <= {"hit", "miss", "slow", "store-error", "not-waited-for"}
     assert sum(r["artifact_reasons"].values()) == 8
-    assert r["first_forward_vs_cold"]["min"] > 0.3  # the weights load (0.5 of 1.1 s) at least
+    assert r["first_forward_vs_off"]["min"] > 0.3  # the weights load (0.5 of 1.1 s) at least
+    assert r["off_vs_cold"]["min"] > 0.9 and r["machine_load"] > 0
+    assert r["goals"]["uploads"] and r["goals"]["lost"]
     assert "SlowDown" not in str(r["upload_errors"])
     table = rollout.table({"processes": rollout.PROCESSES, "load": r["load"], "runs": {"8": r}})
     assert "rollout" in table and rollout.row({"runs": {"8": r}})[0].startswith("rollout: 8")
+
+
+@pytest.mark.slow
+def test_a_store_too_loaded_for_the_probe_still_gets_the_fleets_work(tmp_path: Path) -> None:
+    """An honest store that answers nothing in time for the first 30 s of a rollout (longer
+    than a write used to wait for a verdict: two probes of 10 s): no probe concludes while
+    every node profiles, compiles and tries to write. Each write waits for the verdict with
+    backoff instead of giving up, so once the store answers, the fleet shares: one upload,
+    every observation in the store (with writes that gave up, nothing was uploaded and every
+    observation stayed on its node until its next boot)."""
+    timing = rollout.Timing(weights_s=1.0, profile_s=0.2, compile_s=2.0)
+    load = rollout.Load(overload_s=30.0)
+    with servers.fake_aws_env(), servers.MotoS3Process() as moto:
+        r = rollout.run(tmp_path, moto, nodes=8, window=2.0, timing=timing, load=load)
+    assert r["compiled"] == 8 and r["profiled"] == 8  # every node arrived in the overload
+    assert r["uploads_created"] == 1 and r["upload_bytes_per_key"] <= 1.2
+    assert r["observations_lost"] == 0 and r["observations_kept_for_next_boot"] == 0

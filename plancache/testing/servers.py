@@ -545,8 +545,10 @@ class S3UnderLoad(CountingProxy):
     on one prefix (the path up to its last ``/``), HTTP 503 SlowDown, as S3 answers above
     its 3,500 writes and 5,500 reads per second per prefix; every body, up or down, over one
     link of ``link_bytes_per_s`` that all clients share (first come, first served, 64 KiB at
-    a time). ``throttled`` counts the 503s; ``requests``, ``received_bytes`` and
-    ``received_by_name`` count what was sent, throttled requests included."""
+    a time); until the time given to ``overload``, every request that many seconds later
+    still (a store that a herd overloads for a while). ``throttled`` counts the 503s;
+    ``requests``, ``received_bytes`` and ``received_by_name`` count what was sent, throttled
+    requests included."""
 
     def __init__(
         self,
@@ -565,6 +567,11 @@ class S3UnderLoad(CountingProxy):
         """Request bodies' bytes per object (the path's last part, without the query)."""
         self._recent: dict[tuple[str, bool], collections.deque[float]] = {}
         self._link_free = 0.0
+        self._overloaded_until, self._overload_delay_s = 0.0, 0.0
+
+    def overload(self, until: float, delay_s: float) -> None:
+        """Answer every request ``delay_s`` later still until ``until`` (``time.monotonic``)."""
+        self._overloaded_until, self._overload_delay_s = until, delay_s
 
     def _admitted(self, method: str, path: str) -> bool:
         write = method in WRITES
@@ -598,7 +605,8 @@ class S3UnderLoad(CountingProxy):
     def handle(self, h: _Handler, body: bytes) -> None:
         with self._lock:
             self.received_by_name[urlsplit(h.path).path.rsplit("/", 1)[-1]] += len(body)
-        time.sleep(self.delay_s)
+        overloaded = time.monotonic() < self._overloaded_until
+        time.sleep(self.delay_s + (self._overload_delay_s if overloaded else 0.0))
         if not self._admitted(h.command, h.path):
             h.reply(503, {"Content-Type": "application/xml"}, SLOW_DOWN)
             return
