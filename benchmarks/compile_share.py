@@ -57,9 +57,9 @@ NODE = REPO / "tests" / "vllm" / "compile_node.py"
 TRITON_NODE = REPO / "tests" / "vllm" / "triton_node.py"
 WORKER = REPO / "tests" / "vllm" / "real_worker.py"
 SIZES = ("--sizes", "16")
-RUNS = 3
-"""Fresh new nodes per store; the table shows the median one (a boot here varies by a
-second or two with what else the machine does)."""
+RUNS = 2
+"""Fresh new nodes per store; the table shows the median one, of two the slower (a boot
+here varies by a second or two with what else the machine does)."""
 """The warm-up: one compile size past the first forward's dynamic shape."""
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
