@@ -325,6 +325,23 @@ def test_no_verdict_is_retried_at_a_later_write(
         assert len(list(tmp_path.iterdir())) == 1
 
 
+def test_a_patient_write_waits_out_a_store_that_gives_no_verdict_for_a_while(
+    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """503 on every request of two whole probes (a store a herd overloads): a write with
+    ``patience`` probes again after each backoff instead of giving up, and writes once the
+    store answers; the backoff grows between the probes that found nothing."""
+    failing = 2 * NO_VERDICT_FAILURES
+    proxy = FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)
+    with behind(proxy) as (store, _):
+        guarded = GuardedStore(store, VerdictCache(tmp_path), patience=60.0)
+        start = time.monotonic()
+        assert guarded.put(make_plan()) is PutOutcome.CREATED
+        assert guarded.verdict().verdict is StoreVerdict.HONEST
+        assert len(proxy.requests) > failing  # the third probe ran, after two without
+        assert 1.0 <= time.monotonic() - start < 30  # two backoffs: 1-2 s, then 2-4 s
+
+
 def test_cached_verdicts_expire_and_bad_files_are_no_verdict(tmp_path: Path) -> None:
     cache = VerdictCache(tmp_path, ttl=60)
     lies = ProbeResult(

@@ -27,12 +27,13 @@ found by then. Then, per verdict:
 
 ``honest`` and ``lies`` are cached on disk (``<local dir>/conformance/``, one small JSON file
 per store) and in memory for ``VERDICT_TTL_S`` (one day); the others only in memory, for
-``RETRY_S``. They are also shared between nodes: the prober writes its verdict to the store
-(``SHARED_VERDICT`` under the probe prefix, signed with the signing key where one is set), and
-a node without a verdict of its own reads it before probing: one request instead of a
-probe's 20-27 requests, where a rollout's nodes would all probe at once. A shared verdict is taken
-only if it is about the same endpoint, younger than ``VERDICT_TTL_S``, and, where keys are
-set, signed by an accepted key; anything else is no verdict and the node probes.
+their backoff (``unknown``) or ``RETRY_S`` (``read-only``). They are also shared between
+nodes: the prober writes its verdict to the store (``SHARED_VERDICT`` under the probe
+prefix, signed with the signing key where one is set), and a node without a verdict of its
+own reads it before probing: one request instead of a probe's 20-27 requests, where a
+rollout's nodes would all probe at once. A shared verdict is taken only if it is about the
+same endpoint, younger than ``VERDICT_TTL_S``, and, where keys are set, signed by an accepted
+key; anything else is no verdict and the node probes.
 
 ``trust=True`` (``PLANCACHE_TRUST_PRECONDITIONS=1``) skips the probe and writes
 anyway, logging a WARNING at every open: on a store that ignores preconditions, concurrent
@@ -303,10 +304,6 @@ class GuardedStore(ForwardingStore):
             time.sleep(max(0.0, wait))
         return result
 
-    def _fresh(self) -> bool:
-        with self._lock:
-            return self._result is not None and time.monotonic() < self._expires
-
     def _probe(self, delay: float = 0.0, early: bool = False) -> None:
         """Find the verdict (cached on disk, else by a probe, ``delay`` seconds from now)
         and keep it in memory; a write that waits for it cuts the delay short. No verdict
@@ -319,16 +316,17 @@ class GuardedStore(ForwardingStore):
             result = ProbeResult(StoreVerdict.UNKNOWN, None, scrub(f"{type(exc).__name__}: {exc}"))
             expires = self.retry_s
         with self._lock:
-            if result.verdict is StoreVerdict.UNKNOWN:
-                backoff = min(expires, RETRY_MIN_S * 2**self._unknowns)
-                expires = 0.0 if early else random.uniform(0.5, 1.0) * backoff
-                self._unknowns += not early
-            else:
+            if result.verdict is not StoreVerdict.UNKNOWN:
                 self._unknowns = 0
-        self._report(result)
-        with self._lock:
+            elif early:
+                expires = 0.0
+            else:
+                backoff = min(expires, RETRY_MIN_S * 2**self._unknowns)
+                expires = random.uniform(0.5, 1.0) * backoff
+                self._unknowns += 1
             self._result = result
             self._expires = time.monotonic() + expires
+        self._report(result)
 
     def _find(self) -> tuple[ProbeResult, float]:
         """(verdict, seconds it stays valid)."""
