@@ -2,15 +2,19 @@
 
 ``python -m benchmarks`` runs the compile-artifact boots first (real vLLM compiles on this
 CPU, in fresh processes, when a Python with vLLM is present: ``compile_share``), then the
-local store costs, ``import plancache`` cost, S3 and GCS costs on loopback servers it starts
-itself, write contention on one key, the fleet simulation, a rollout of 1,000 nodes
-against S3 under load beside the same rollout without plancache (``benchmarks.rollout``),
-and the real-boot benchmark when
+local store costs, ``import plancache`` cost, the vLLM plugin's critical-path cost, the fleet
+sweep, a rollout of 1,000 nodes against S3 under load beside the same rollout without
+plancache (``benchmarks.rollout``), and the real-boot benchmark when
 a GPU and vLLM are present (else it says it is skipped and why). The terminal shows one line
 per stage and ends with one table of the headline results; ``results.json`` (every figure),
 ``tables.txt`` (every table), ``results.png`` and ``bench.log`` (what the stages, their
 worker processes and the libraries printed) go to ``--out``. Exit status 1 when a stage
 failed (the others still run and are saved).
+
+``--all`` adds what the main job leaves out to stay within 8 minutes with its set-up: S3
+and GCS store costs on loopback servers it starts itself, write contention on one key, the
+32-process fleet simulation, and, in the compile stage, a hit's and a miss's cost per store
+and the memory check (``ALL_ONLY``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from benchmarks import (
     store_costs,
 )
 from plancache.testing import servers
+
+ALL_ONLY = ("remote", "contention", "fleet")
+"""Stages only ``--all`` runs (``--fleet-only`` runs the fleet too)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the compile-artifact boots")
     parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also S3/GCS store costs, write contention, the fleet simulation, and a hit's and "
+        "a miss's cost and the memory check in the compile stage (not in the main job)",
+    )
+    parser.add_argument(
         "--compile-memory-mib", type=int, default=256, help="artifact size of the memory check"
     )
     return parser
@@ -89,7 +102,9 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
 
     def compile_artifacts() -> None:
         with tempfile.TemporaryDirectory(prefix="plancache-compile-") as work:
-            results["compile"] = compile_share.measure(Path(work), args.compile_memory_mib)
+            results["compile"] = compile_share.measure(
+                Path(work), args.compile_memory_mib, costs=args.all
+            )
 
     def local() -> None:
         results["stores"]["local"] = local_costs.measure_local(args.samples)
@@ -123,6 +138,8 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
             run.skip(name, what, "--no-compile")
         elif args.no_remote and name in ("remote", "plugin"):
             run.skip(name, what, "--no-remote")
+        elif name in ALL_ONLY and not args.all:
+            run.skip(name, what, "not in the main job: --all")
         else:
             run.stage(name, what, measure)
     with contextlib.ExitStack() as stack:
@@ -159,7 +176,10 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
             )
 
         fleet_what = f"fleet simulation: {args.nodes} processes, {args.rounds} rounds, "
-        run.stage("fleet", fleet_what + results["fleet_store"], simulate)
+        if args.all or args.fleet_only:
+            run.stage("fleet", fleet_what + results["fleet_store"], simulate)
+        else:
+            run.skip("fleet", fleet_what + results["fleet_store"], "not in the main job: --all")
         sweep_what = f"fleet sweep: {args.seeds} fleets, before and after (simulated time)"
         run.stage("sweep", sweep_what, sweep)
         sizes = tuple(

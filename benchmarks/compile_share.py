@@ -24,9 +24,10 @@ Triton's cache (``tests/vllm/triton_node.py``, where the vLLM Python has Triton)
 kernels compiled for a CUDA target on a cold node, the same node again, and a new node fed
 the shared cache; how many kernels each compiled.
 
-Also: what a hit adds to the critical path (fetch, verify and install of the real artifact)
-on a local directory, S3 and GCS, with 0 and 300 ms injected per request; and the peak memory
-of storing and fetching a 1 GiB artifact. Needs a Python with vLLM (the ``tox -e vllm``
+With ``costs`` (``python -m benchmarks --all``): what a hit adds to the critical path (fetch,
+verify and install of the real artifact) on a local directory, S3 and GCS, with 0 and 300 ms
+injected per request; what a miss costs per kind; and the peak memory of storing and
+fetching an artifact of ``--compile-memory-mib``. Needs a Python with vLLM (the ``tox -e vllm``
 environment, or ``PLANCACHE_BENCH_VLLM_PYTHON``); without one it says so and is skipped.
 """
 
@@ -57,9 +58,9 @@ NODE = REPO / "tests" / "vllm" / "compile_node.py"
 TRITON_NODE = REPO / "tests" / "vllm" / "triton_node.py"
 WORKER = REPO / "tests" / "vllm" / "real_worker.py"
 SIZES = ("--sizes", "16")
-RUNS = 2
-"""Fresh new nodes per store; the table shows the median one, of two the slower (a boot
-here varies by a second or two with what else the machine does)."""
+RUNS = 1
+"""Fresh new nodes per store; the table shows the median one (a boot here varies by a
+second or two with what else the machine does: one, to keep the main job within 8 minutes)."""
 """The warm-up: one compile size past the first forward's dynamic shape."""
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 FETCH = re.compile(
@@ -343,13 +344,16 @@ def measure_memory(work: Path, size_mib: int) -> dict[str, Any]:
     return out
 
 
-def measure(work: Path, memory_mib: int) -> dict[str, Any]:
-    """Every figure of the module docstring."""
+def measure(work: Path, memory_mib: int, costs: bool = True) -> dict[str, Any]:
+    """Every figure of the module docstring (``costs``: also a hit's and a miss's cost per
+    store and the memory check)."""
     results = measure_boots(work)
     if "python" in results:
         results["worker"] = measure_worker(results["python"], work, work / "model")
         results["triton"] = measure_triton(results["python"], work)
     artifact = results.get("artifact_dir")
+    if not costs:
+        return results
     if artifact:
         print("  a hit's critical-path cost, local / S3 / GCS, 0 and 300 ms ...", flush=True)
         results["fetch"] = measure_fetch(Path(artifact), work)

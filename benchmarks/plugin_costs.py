@@ -116,7 +116,7 @@ def _stores(delay_s: float) -> Iterator[dict[str, Callable[[], PlanCache]]]:
         yield makers
 
 
-def measure(load_s: float = 1.0, runs: int = 3) -> dict[str, Any]:
+def measure(load_s: float = 1.0, runs: int = 2) -> dict[str, Any]:
     """Figures for every store, with 0 and 300 ms of added latency per request."""
     results: dict[str, Any] = {"load_s": load_s, "runs": runs, "stores": {}}
     for delay_s in (0.0, 0.3):
