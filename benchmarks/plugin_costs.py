@@ -143,4 +143,4 @@ def table(results: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    print(table(measure()))
+    print(table(measure(runs=5)))

@@ -35,6 +35,7 @@ failing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -121,8 +122,9 @@ class Spec:
     options: dict[str, Any]
     timing: Timing
     artifact_bytes: int
-    start_at: float
-    """Wall-clock time (``time.time``) of the window's start, the same in every process."""
+    start_at: float = 0.0
+    """Wall-clock time (``time.time``) of the window's start, the same in every process (set
+    once every worker process is ready: ``_worker``)."""
 
 
 def _tree(root: Path, size: int) -> None:
@@ -232,12 +234,19 @@ def boot_off(spec: Spec, node: Node) -> dict[str, Any]:
     return {"node": node.index, "first_forward_s": time.monotonic() - start}
 
 
-def _worker(spec: Spec, nodes: list[Node], out: str) -> None:
+def _worker(spec: Spec, nodes: list[Node], out: str, ready: Any, start: Any, go: Any) -> None:
     """One process's nodes, each twin in a thread; their reports to ``out`` (JSON). The
-    process then exits normally, so that records past their budget get their exit wait."""
+    window opens only once every worker process has imported its libraries and made its
+    session (``ready``, then ``go`` with the window's ``start``): a process still importing
+    would hold its first nodes back and then start them all at once. The process then exits
+    normally, so that records past their budget get their exit wait."""
     log_to_stderr()
     from plancache._backends import s3  # noqa: F401  (the client library, as warm does)
 
+    _session()
+    ready.wait(300)
+    go.wait(300)
+    spec = dataclasses.replace(spec, start_at=start.value)
     reports: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     threads = [
         threading.Thread(target=lambda n=n, f=f, k=k: reports[k].append(f(spec, n)))
@@ -282,16 +291,26 @@ def run(
     )
     with servers.fake_aws_env(), proxy:
         options = {"endpoint_url": proxy.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
-        spec = Spec(f"s3://{bucket}/models", options, timing, artifact_bytes, time.time() + 5.0)
-        proxy.overload(time.monotonic() + 5.0 + load.overload_s, load.overload_delay_s)
+        spec = Spec(f"s3://{bucket}/models", options, timing, artifact_bytes)
+        ready, start, go = ctx.Barrier(PROCESSES + 1), ctx.Value("d", 0.0), ctx.Event()
         workers = []
         for i in range(PROCESSES):
             out = str(work / f"reports-{i}.json")
             mine = population[i::PROCESSES]
-            workers.append((ctx.Process(target=_worker, args=(spec, mine, out)), out))
-        cpu, wall = machine.cpu_seconds(), time.monotonic()
+            args = (spec, mine, out, ready, start, go)
+            workers.append((ctx.Process(target=_worker, args=args), out))
         for w, _ in workers:
             w.start()
+        try:
+            ready.wait(300)  # every worker has imported and made its session
+        except threading.BrokenBarrierError:
+            for w, _ in workers:
+                w.kill()
+            raise RuntimeError("a rollout worker process did not start (see the log)") from None
+        start.value = time.time() + 1.0
+        proxy.overload(time.monotonic() + 1.0 + load.overload_s, load.overload_delay_s)
+        go.set()
+        cpu, wall = machine.cpu_seconds(), time.monotonic()
         for w, _ in workers:
             w.join(900)
         cpu_after, wall = machine.cpu_seconds(), time.monotonic() - wall
