@@ -82,7 +82,7 @@ BACKOFF_S = 0.5
 ``PROBE_ATTEMPTS`` in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
 RETRY_S = 60.0
 """Most seconds before a write probes again after ``unknown``; seconds after ``read-only``."""
-RETRY_MIN_S = 2.0
+RETRY_MIN_S = 10.0
 """Seconds before a write probes again after a first ``unknown`` (doubling, see the module)."""
 WRITE_PATIENCE_S = 300.0
 """Seconds a write through ``open_guarded``'s store waits for a verdict (see the module)."""
