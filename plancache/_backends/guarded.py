@@ -83,7 +83,8 @@ BACKOFF_S = 0.5
 RETRY_S = 60.0
 """Most seconds before a write probes again after ``unknown``; seconds after ``read-only``."""
 RETRY_MIN_S = 10.0
-"""Seconds before a write probes again after a first ``unknown`` (doubling, see the module)."""
+"""Most seconds before a write probes again after a first ``unknown`` (jittered down to half,
+doubling at each one in a row; see the module)."""
 WRITE_PATIENCE_S = 300.0
 """Seconds a write through ``open_guarded``'s store waits for a verdict (see the module)."""
 MAX_WAITS = 16
