@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "plancache"
 ROW = re.compile(r"^\| `([\w/.]+\.py)` \|", re.M)
-PUBLIC = {"errors.py", "__init__.py", "__main__.py"}
+PUBLIC = {"errors.py", "caches.py", "__init__.py", "__main__.py"}
 """Top-level modules that are public (besides the plugin and the test kit packages)."""
 
 

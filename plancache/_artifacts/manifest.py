@@ -11,7 +11,7 @@ caps, and the digests' form. Two kinds of manifest:
 - a compile artifact (``kind`` ``compile``): vLLM's ``key``, the ``rank`` directory
   ``rank_<r>_<dp>``; paths below ``inductor_cache/`` or the rank directory, ``<rank>/model``
   among them; object ``compile_artifact_<key>_<rank>.tar``;
-- a cache bundle (``kind`` one of ``CACHE_KINDS``): files of a generated cache whose paths
+- a cache bundle (``kind`` a name ``CACHE_KIND`` matches): files of a generated cache whose paths
   are named by their own keys (Triton's cache, what vLLM's warm-up adds to a compile
   artifact's ``inductor_cache/``, ...), valid where the factors hashed into ``key`` (the
   scope) hold; ``rank`` is empty; object ``cache_<kind>_<scope>_<content>.tar``, where the
@@ -49,7 +49,10 @@ NAME_PREFIX = "compile_artifact_"
 NAME_SUFFIX = ".tar"
 COMPILE = "compile"
 CACHE_KINDS = ("inductor", "triton", "deep_gemm", "flashinfer_autotune")
-"""The cache bundles' kinds (see ``plancache.integrations.vllm.caches``)."""
+"""The cache bundles' kinds the vLLM plugin shares (``plancache.integrations.vllm.caches``);
+any name ``CACHE_KIND`` matches is a kind (``plancache.caches``)."""
+CACHE_KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
+"""A cache kind's name: lowercase letters, digits and ``_`` (not ``compile``)."""
 CACHE_PREFIX = "cache_"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -58,7 +61,7 @@ _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,127}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _CONTENT = re.compile(r"[0-9a-f]{32}")
 _CACHE_NAME = re.compile(
-    rf"{CACHE_PREFIX}({'|'.join(CACHE_KINDS)})_([0-9a-f]{{64}})_([0-9a-f]{{32}}){NAME_SUFFIX}"
+    rf"{CACHE_PREFIX}({CACHE_KIND.pattern})_([0-9a-f]{{64}})_([0-9a-f]{{32}}){NAME_SUFFIX}"
 )
 
 
@@ -114,9 +117,14 @@ def parse_object_name(name: str) -> tuple[str, str] | None:
     return None
 
 
+def is_cache_kind(kind: object) -> bool:
+    """True if ``kind`` can name a cache kind (``CACHE_KIND``, not ``compile``)."""
+    return isinstance(kind, str) and kind != COMPILE and CACHE_KIND.fullmatch(kind) is not None
+
+
 def cache_object_name(kind: str, scope: str, content: str) -> str:
     """``cache_<kind>_<scope>_<content>.tar``; ``InvalidPlanError`` for a malformed part."""
-    if kind not in CACHE_KINDS or not _CONTENT.fullmatch(content):
+    if not is_cache_kind(kind) or not _CONTENT.fullmatch(content):
         raise InvalidPlanError(f"not a cache bundle: {kind!r:.30}, {content!r:.40}")
     return f"{CACHE_PREFIX}{kind}_{check_key(scope)}_{content}{NAME_SUFFIX}"
 
@@ -124,7 +132,9 @@ def cache_object_name(kind: str, scope: str, content: str) -> str:
 def parse_cache_name(name: str) -> tuple[str, str, str] | None:
     """(kind, scope, content) of a cache bundle's object base name, or None."""
     found = _CACHE_NAME.fullmatch(name)
-    return None if found is None else (found[1], found[2], found[3])
+    if found is None or found[1] == COMPILE:
+        return None
+    return found[1], found[2], found[3]
 
 
 def check_path(path: object, rank: str) -> str:
@@ -242,7 +252,7 @@ class Manifest:
             data, "artifact manifest", MAX_MANIFEST_BYTES, FORMAT, error=InvalidPlanError
         )
         kind = obj.get("kind", COMPILE)
-        if kind != COMPILE and kind not in CACHE_KINDS:
+        if kind != COMPILE and not is_cache_kind(kind):
             raise UnreadableHereError(f"a cache bundle of kind {kind!r:.40}, unknown here")
         rank = check_rank(obj.get("rank")) if kind == COMPILE else obj.get("rank")
         if rank != "" and kind != COMPILE:

@@ -57,9 +57,15 @@ def test_bundle_names_carry_the_kind_the_scope_and_the_content_alone(tmp_path: P
     assert parse_cache_name(one.name) == ("triton", SCOPE, one.content)
     other, _ = archive.pack_cache(tmp_path / "a", "triton", "0" * 64, files_a)
     assert other.name != one.name
-    assert parse_cache_name("cache_nope_" + SCOPE + "_" + "0" * 32 + ".tar") is None
-    with pytest.raises(InvalidPlanError):
-        cache_object_name("nope", SCOPE, "0" * 32)
+    assert parse_cache_name("cache_my_jit_" + SCOPE + "_" + "0" * 32 + ".tar") == (
+        "my_jit",
+        SCOPE,
+        "0" * 32,
+    )
+    for bad in ("Nope", "compile", "a-b", "x" * 33, "_x"):
+        assert parse_cache_name(f"cache_{bad}_{SCOPE}_{'0' * 32}.tar") is None
+        with pytest.raises(InvalidPlanError):
+            cache_object_name(bad, SCOPE, "0" * 32)
     assert set(CACHE_KINDS) >= {"triton", "inductor", "flashinfer_autotune"}
 
 
@@ -163,13 +169,16 @@ def test_a_tampered_foreign_or_refused_bundle_installs_nothing(tmp_path: Path) -
     assert not any(node.rglob("*.cubin"))
 
 
-def test_an_unknown_kind_is_unreadable_here_not_corrupt() -> None:
+def test_a_kind_outside_the_pattern_is_unreadable_here_not_corrupt() -> None:
     body = Manifest(SCOPE, "", (), created_at=1.0, kind="triton").encode()
-    newer = body.replace(b'"kind":"triton"', b'"kind":"tilelang"')
+    newer = body.replace(b'"kind":"triton"', b'"kind":"Tile-Lang"')
     with pytest.raises(UnreadableHereError):
         Manifest.decode(newer)
-    with pytest.raises(InvalidPlanError, match="a file at least"):
-        Manifest.decode(body)
+    # any name of the pattern is a kind: a program's own cache decodes as Triton's does
+    for kind in (b"triton", b"tilelang"):
+        named = body.replace(b'"kind":"triton"', b'"kind":"' + kind + b'"')
+        with pytest.raises(InvalidPlanError, match="a file at least"):
+            Manifest.decode(named)
 
 
 def test_a_new_node_gets_every_kernel_and_uploads_only_what_it_added(tmp_path: Path) -> None:
