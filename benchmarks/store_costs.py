@@ -28,7 +28,7 @@ import s3fs
 from benchmarks.factors import worker_factors
 from benchmarks.stats import percentiles
 from plancache import Plan, PlanCache, PlanStore, PutOutcome, open_store
-from plancache._keys import Scalar, object_name
+from plancache._keys import Scalar, plan_object_name
 from plancache.testing import GiB
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, fake_aws_env
 
@@ -136,7 +136,7 @@ def _s3fs_baseline(endpoint: str, proxy: CountingProxy, bucket: str, n: int) -> 
     plans = _plans(n, "cat")
     for p in plans:
         store.put(p)
-    paths = [f"{bucket}/cat/{object_name(p.fingerprint)}" for p in plans]
+    paths = [f"{bucket}/cat/{plan_object_name(p.fingerprint)}" for p in plans]
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
     fs.cat_file(paths[0])
     samples = _timed(partial(fs.cat_file, path) for path in paths)

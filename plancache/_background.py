@@ -33,8 +33,10 @@ IDLE_NAME = "plancache-idle"
 
 
 class Job(Generic[T]):
-    """``fn()`` running on a daemon thread (``start``); its result, or the exception it
-    raised, once done."""
+    """``fn()`` running on a daemon thread (``start``); its result, or the ``Exception`` it
+    raised, once done. A ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``) is not handed over: it ends the thread, and the job is done with
+    the result None."""
 
     def __init__(self, fn: Callable[[], T], name: str) -> None:
         self.name = name

@@ -270,9 +270,10 @@ class Breaker:
     def recover(self, cache: Retracts, fingerprint: str) -> frozenset[str]:
         """Turn the marks of ``fingerprint`` whose writers are gone into crash records, log
         each with ``gate:crashed-before`` and retract its observation through ``cache``
-        (``PlanCache.retract`` is bounded by its budget); then clean up (``clean``), keeping
-        every file of ``fingerprint``. Returns ``avoided(fingerprint)``, as decided before the
-        clean-up: pass it to ``PlanCache.lookup(..., avoid=...)``."""
+        (``PlanCache.retract`` is bounded by its budget); then clean up (``clean``), removing
+        the files of ``fingerprint`` by age only (never to make room). Returns
+        ``avoided(fingerprint)``, as decided before the clean-up: pass it to
+        ``PlanCache.lookup(..., avoid=...)``."""
         avoid: set[str] = set()
         crashed: list[Mark] = []
         with self._opened() as dir_fd:

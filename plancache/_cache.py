@@ -4,8 +4,9 @@ Neither ``lookup`` nor ``record`` ever raises, and neither takes longer than the
 (default 2 s) plus, where no idle thread is at hand, a thread's start-up: store I/O runs on a
 daemon thread (``plancache._background``) that the caller stops waiting for at the deadline.
 Past it, or on any doubt, the answer is a miss and the boot profiles as usual. A record that
-outlives its budget goes on in the background, and the process's exit waits for it at most
-``RECORD_EXIT_WAIT_S`` in all: no observation is lost to a slow store. Every decision
+outlives its budget goes on in the background, and the process's exit waits for such records
+at most ``RECORD_EXIT_WAIT_S`` in all: a store slower than the budget loses no observation
+unless it is slower than that too (then a WARNING says the record was lost). Every decision
 is logged on ``logging.getLogger("plancache")``. Signatures are the store's
 (``PlanStore.keyring``): where it holds keys, a record without a valid signature is never
 applied (``invalid:signature``), and ``record`` signs what it writes.

@@ -104,7 +104,7 @@ def is_key_prefix(text: str) -> bool:
     return _KEY_PREFIX.fullmatch(text) is not None
 
 
-def object_name(fp: str) -> str:
+def plan_object_name(fp: str) -> str:
     """``startup_plan_{fp}.json``: the name of a plan in every store."""
     return f"{OBJECT_PREFIX}{fp}{OBJECT_SUFFIX}"
 

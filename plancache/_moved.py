@@ -27,7 +27,7 @@ MOVED = {
     "plancache.breaker": "plancache._breaker",
     "plancache.cache": "plancache._cache",
     "plancache.cli": "plancache._command.cli",
-    "plancache.commands": "plancache._command.plans",
+    "plancache.commands": "plancache._command.cli",  # its cmd_* names are imported there
     "plancache.config": "plancache._config",
     "plancache.defaults": "plancache._defaults",
     "plancache.display": "plancache._command.display",

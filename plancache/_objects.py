@@ -85,8 +85,10 @@ def check_name(name: str) -> str:
 
 
 def parts(chunks: Iterable[bytes], size: int = PART_BYTES) -> Iterator[bytes]:
-    """``chunks`` regrouped into parts of ``size`` bytes (the last one may be shorter, and
-    is ``b""`` for no bytes at all): at most one part is held at a time."""
+    """``chunks`` regrouped into parts of ``size`` bytes, then one last part with what is
+    left: shorter than ``size``, and ``b""`` where the bytes are a multiple of ``size`` (no
+    bytes at all, or exactly one part: ``[part, b""]``), so a part is known to be the last
+    only once the next one is. At most one part is held at a time."""
     buffer = bytearray()
     for chunk in chunks:
         buffer += chunk

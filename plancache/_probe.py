@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from plancache import _background as background
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._objects import CREATE, PART_BYTES, Update
 from plancache._store import READ_LIMIT, PlanStore
 from plancache.errors import PlancacheError, PlanStoreError, PlanStorePermissionError
@@ -54,7 +54,8 @@ T = TypeVar("T")
 RACERS = 8
 """Concurrent creates of one fresh key in step 4."""
 CHECK_REQUESTS = 9 + RACERS
-"""Primitive calls of steps 1-5 when every one passes (cleanup adds one delete per key)."""
+"""Primitive calls of steps 1-5 and ``stream-create-existing`` when every one passes (cleanup
+adds one delete per key)."""
 PROBE_TIMEOUT_S = 10.0
 """Seconds a probe may take in all; past it, no verdict."""
 STREAM_MIN_S = 5.0
@@ -131,7 +132,7 @@ class _Run:
 
     def key(self) -> str:
         """A fresh object name (named as a plan is, so that stores keep it like one)."""
-        key = object_name(secrets.token_hex(32))
+        key = plan_object_name(secrets.token_hex(32))
         self.written.append(key)
         return key
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from plancache._defaults import PUT_BUDGET_S
-from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, object_name, validate_key
+from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, plan_object_name, validate_key
 from plancache._merge import covers, merge, retract
 from plancache._objects import CREATE, ObjectLayer, Opened, Update, WriteMode
 from plancache._observation import Observation
@@ -126,25 +126,25 @@ class PlanStore(ObjectLayer):
     # -- the plans kind on the object layer: its records as objects --------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent."""
-        return self.read_object(object_name(fp), READ_LIMIT)
+        return self.read_object(plan_object_name(fp), READ_LIMIT)
 
     def _create(self, fp: str, data: bytes) -> bool:
         """Write ``data`` only if no record exists; False if one does. Atomic."""
-        return self.write_object(object_name(fp), (data,), CREATE)
+        return self.write_object(plan_object_name(fp), (data,), CREATE)
 
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         """Overwrite only if the stored version is still ``version``; False otherwise."""
-        return self.write_object(object_name(fp), (data,), Update(version))
+        return self.write_object(plan_object_name(fp), (data,), Update(version))
 
     def _delete_if(self, fp: str, version: object) -> bool:
         """Remove the record only if its version is still ``version`` (a token ``_read``
         returned); False if it changed or is gone. Atomic where the service honours the
         precondition (see each backend)."""
-        return self.delete_object(object_name(fp), version)
+        return self.delete_object(plan_object_name(fp), version)
 
     def _delete(self, fp: str) -> bool:
         """Remove the record, whatever its version; False if it was absent."""
-        return self.delete_object(object_name(fp))
+        return self.delete_object(plan_object_name(fp))
 
     def _list(self) -> Iterator[str]:
         """Fingerprints of stored records (names that are not plans are skipped)."""

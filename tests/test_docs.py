@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from plancache import Plan, open_store
-from plancache._keys import Scalar, object_name
+from plancache._keys import Scalar, plan_object_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -112,7 +112,7 @@ def seed(directory: Path) -> None:
             labels=llama,
         )
     )
-    (directory / object_name("ab" * 32)).write_bytes(b'{"schema": 2}')
+    (directory / plan_object_name("ab" * 32)).write_bytes(b'{"schema": 2}')
 
 
 @pytest.fixture

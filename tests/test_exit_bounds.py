@@ -25,7 +25,7 @@ import pytest
 
 from plancache import fingerprint, open_store
 from plancache._defaults import RECORD_EXIT_WAIT_S
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.testing import FACTORS, GiB, child_env, make_plan
 from plancache.testing.hostile import Reply, ScriptedServer, SilentServer
 from plancache.testing.servers import CountingProxy, MotoS3, closed_port
@@ -154,7 +154,7 @@ def test_a_command_ends_on_time_when_dns_never_answers(silent_dns: Wrap) -> None
 def _stuck_reads(n: int, release: threading.Event) -> Callable[[str, str, bytes], Reply]:
     """An S3 endpoint that lists ``n`` plans and never answers a read (until ``release``)."""
     keys = "".join(
-        f"<Contents><Key>p/{object_name(make_plan(factors={'n': i}).fingerprint)}</Key>"
+        f"<Contents><Key>p/{plan_object_name(make_plan(factors={'n': i}).fingerprint)}</Key>"
         "<Size>1</Size></Contents>"
         for i in range(n)
     )

@@ -16,7 +16,7 @@ from plancache._keys import (
     canonical,
     fingerprint_of_name,
     is_key_prefix,
-    object_name,
+    plan_object_name,
     validate_key,
 )
 from plancache.testing import make_plan
@@ -98,7 +98,7 @@ def test_is_key_prefix(text: str, expected: bool) -> None:
 
 def test_object_names_round_trip() -> None:
     fp = make_plan().fingerprint
-    name = object_name(fp)
+    name = plan_object_name(fp)
     assert name == f"startup_plan_{fp}.json" == f"{OBJECT_PREFIX}{fp}{OBJECT_SUFFIX}"
     assert fingerprint_of_name(name) == fp
 

@@ -11,7 +11,7 @@ import pytest
 
 from plancache import open_store
 from plancache._backends.gcs import GCSStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.testing import ObjectStoreContract, StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 from plancache.testing.servers import CountingProxy, FakeGCS
@@ -70,7 +70,7 @@ class TestGCSNoPrefixContract(StoreContract):
 
     @pytest.fixture
     def write_raw(self, fake_gcs: FakeGCS, gcs_bucket: str) -> WriteRaw:
-        return lambda fp, data: fake_gcs.put_object(gcs_bucket, object_name(fp), data)
+        return lambda fp, data: fake_gcs.put_object(gcs_bucket, plan_object_name(fp), data)
 
 
 def test_url_drops_the_trailing_slash() -> None:

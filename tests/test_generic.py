@@ -13,7 +13,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from plancache import PutOutcome, open_store
 from plancache._backends.generic import FsspecStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.testing import StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
 
@@ -63,7 +63,7 @@ class TestNonAtomicProtocolContract(StoreContract):
 def pipe_into(root: str) -> WriteRaw:
     """Writes a record's file under the fsspec URL ``root`` with fsspec itself."""
     fs, path = fsspec.core.url_to_fs(root)
-    return lambda fp, data: fs.pipe_file(f"{path}/{object_name(fp)}", data)
+    return lambda fp, data: fs.pipe_file(f"{path}/{plan_object_name(fp)}", data)
 
 
 def test_memory_is_atomic_and_silent(caplog: pytest.LogCaptureFixture) -> None:

@@ -19,7 +19,7 @@ from plancache._backends._remote import RemoteStore
 from plancache._backends.local import LocalStore
 from plancache._config import Settings
 from plancache._inventory.artifacts import names as artifact_names
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import Reply, Respond, ScriptedServer, SilentServer
@@ -76,7 +76,7 @@ S3_PAGE = (
 
 def _s3_page(
     token: str | None,
-    contents: str = f"<Contents><Key>p/{object_name(FP)}</Key><Size>1</Size></Contents>",
+    contents: str = f"<Contents><Key>p/{plan_object_name(FP)}</Key><Size>1</Size></Contents>",
 ) -> bytes:
     return S3_PAGE.format(
         truncated="true" if token else "false",
@@ -86,7 +86,7 @@ def _s3_page(
 
 
 def _gcs_page(token: str | None) -> bytes:
-    page: dict[str, object] = {"items": [{"name": f"p/{object_name(FP)}"}]}
+    page: dict[str, object] = {"items": [{"name": f"p/{plan_object_name(FP)}"}]}
     if token:
         page["nextPageToken"] = token
     return json.dumps(page).encode()

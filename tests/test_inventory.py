@@ -17,7 +17,7 @@ import s3fs
 from plancache import Plan, fingerprint, open_store
 from plancache._inventory import plans as inventory
 from plancache._inventory.plans import CopyCounts, Fix
-from plancache._keys import Scalar, object_name
+from plancache._keys import Scalar, plan_object_name
 from plancache._observation import Observation
 from plancache._store import PlanStore
 from plancache.testing import GiB, make_plan
@@ -78,7 +78,7 @@ def local(tmp_path: Path) -> Iterator[Stocked]:
     store = open_store(str(root))
 
     def write_raw(fp: str, data: bytes) -> None:
-        (root / object_name(fp)).write_bytes(data)
+        (root / plan_object_name(fp)).write_bytes(data)
 
     yield Stocked(store, stock(store, write_raw), root)
     store.close()
@@ -90,7 +90,7 @@ def s3(moto_s3: MotoS3, s3_bucket: str) -> Iterator[Stocked]:
     client = s3fs.S3FileSystem(endpoint_url=moto_s3.endpoint, skip_instance_cache=True)
 
     def write_raw(fp: str, data: bytes) -> None:
-        client.pipe(f"{s3_bucket}/plans/{object_name(fp)}", data)
+        client.pipe(f"{s3_bucket}/plans/{plan_object_name(fp)}", data)
 
     yield Stocked(store, stock(store, write_raw))
     store.close()
@@ -217,8 +217,8 @@ def test_copy_merges_into_the_destination(stocked: Stocked, tmp_path: Path) -> N
 def test_prune_dry_run_then_for_real(local: Stocked) -> None:
     store, [a, b, c], root = local.store, local.plans, local.root
     assert root is not None
-    stale = root / f".{object_name(a.fingerprint)}.host.1.abcd.x.tmp"
-    live = root / f".{object_name(a.fingerprint)}.host.2.ef01.y.tmp"
+    stale = root / f".{plan_object_name(a.fingerprint)}.host.1.abcd.x.tmp"
+    live = root / f".{plan_object_name(a.fingerprint)}.host.2.ef01.y.tmp"
     stale.write_bytes(b"{")
     live.write_bytes(b"{")
     os.utime(stale, (NOW - 7200, NOW - 7200))

@@ -704,7 +704,7 @@ def test_same_classes_where_they_are_raised() -> None:
     where = {
         "ArtifactError": "plancache._artifacts.archive",
         "JobTimeout": "plancache._background",
-        "CliError": "plancache._command.plans",
+        "CliError": "plancache._command.stores",
         "StoreIgnoresPreconditionsError": "plancache._backends.guarded",
     }
     problems = []

@@ -15,7 +15,7 @@ from plancache._backends.guarded import GuardedStore, StoreIgnoresPreconditionsE
 from plancache._backends.lazy import LazyStore
 from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._store import ForwardingStore
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import GiB, make_plan
@@ -95,7 +95,7 @@ def test_forwarding_stores_reach_the_object_layer_beneath(tmp_path: Path) -> Non
     for store in (tiered, LazyStore("x", lambda: tiered)):
         assert isinstance(store, ForwardingStore)
         assert list(store.list_objects("")) == list(remote.list_objects(""))
-        name = object_name(GOOD.fingerprint)
+        name = plan_object_name(GOOD.fingerprint)
         assert store.read_object(name, 1 << 20) == remote.read_object(name, 1 << 20)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
 from plancache._backends.local import LocalStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.errors import PlanStorePermissionError
 from plancache.testing import FACTORS, StoreContract, child_env, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
@@ -25,7 +25,7 @@ def write_file(root: Path) -> WriteRaw:
 
     def write(fp: str, data: bytes) -> None:
         root.mkdir(parents=True, exist_ok=True)
-        (root / object_name(fp)).write_bytes(data)
+        (root / plan_object_name(fp)).write_bytes(data)
 
     return write
 

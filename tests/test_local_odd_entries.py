@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from plancache._backends.local import LOCK_NAME, LocalStore, _read_at_most
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._store import READ_LIMIT, PutOutcome
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import GiB, make_plan
@@ -29,9 +29,9 @@ VALID = make_plan(factors={"model": "valid/one", "rank": 0})
 def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStore]:
     store = LocalStore(tmp_path / "store")
     store.put(VALID)
-    plant_odd_entry(request.param, store.root / object_name(PLAN.fingerprint), PLAN)
+    plant_odd_entry(request.param, store.root / plan_object_name(PLAN.fingerprint), PLAN)
     yield store
-    path = store.root / object_name(PLAN.fingerprint)
+    path = store.root / plan_object_name(PLAN.fingerprint)
     if path.is_fifo():  # wake a reader blocked in open() (the code before the fix)
         with contextlib.suppress(OSError):
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
@@ -49,22 +49,22 @@ def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
     assert store.get(VALID.fingerprint) == VALID
     assert within(2, lambda: store.put(PLAN)) is PutOutcome.CREATED
     assert store.get(PLAN.fingerprint) == PLAN
-    assert (store.root / object_name(PLAN.fingerprint)).is_file()
+    assert (store.root / plan_object_name(PLAN.fingerprint)).is_file()
 
 
 def test_odd_entry_is_deleted(odd_store: LocalStore) -> None:
     store = odd_store
     assert within(2, lambda: store.delete(PLAN.fingerprint)) is True
-    assert not os.path.lexists(store.root / object_name(PLAN.fingerprint))
+    assert not os.path.lexists(store.root / plan_object_name(PLAN.fingerprint))
     assert list(store.iter_fingerprints()) == [VALID.fingerprint]
 
 
 def test_a_stale_temp_directory_does_not_fail_the_cleanup(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     store.put(VALID)
-    odd = tmp_path / f".{object_name(PLAN.fingerprint)}.host.1.ab.x.tmp"
+    odd = tmp_path / f".{plan_object_name(PLAN.fingerprint)}.host.1.ab.x.tmp"
     odd.mkdir()
-    stale = tmp_path / f".{object_name(PLAN.fingerprint)}.host.2.cd.y.tmp"
+    stale = tmp_path / f".{plan_object_name(PLAN.fingerprint)}.host.2.cd.y.tmp"
     stale.write_bytes(b"{")
     os.utime(odd, (0, 0))
     os.utime(stale, (0, 0))
@@ -137,14 +137,35 @@ def test_lock_waits_are_bounded(tmp_path: Path) -> None:
     assert store.delete(PLAN.fingerprint) is True
 
 
+def _waits_on(lock: os.stat_result) -> bool:
+    """True while a descriptor of this process is open on the file ``lock`` is of (the
+    store keeps the lock file it waits on open until it gives up or holds it)."""
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            st = os.stat(f"/proc/self/fd/{fd}")
+            if (st.st_dev, st.st_ino) == (lock.st_dev, lock.st_ino):
+                return True
+    return False
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Return once ``condition()`` holds; fail the test saying ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        time.sleep(0.01)
+
+
 def test_a_lock_file_replaced_while_waited_for_is_not_trusted(tmp_path: Path) -> None:
     """A waits on the lock file's first inode; the file is replaced and B locks the new one;
-    A's holder exits. A must not go on (B holds the lock now): it waits for B instead."""
+    A's holder exits. A takes the old lock, sees that it no longer guards the store and waits
+    for B instead: it deletes only once B has let go."""
     store = LocalStore(tmp_path)
     store.put(PLAN)
-    store.lock_timeout = 3.0
+    store.lock_timeout = 60.0  # never reached: every wait below ends on a condition
     lock = tmp_path / LOCK_NAME
     first = _hold(lock)
+    old = lock.stat()
     box: dict[str, object] = {}
 
     def delete() -> None:
@@ -155,17 +176,26 @@ def test_a_lock_file_replaced_while_waited_for_is_not_trusted(tmp_path: Path) ->
 
     waiter = threading.Thread(target=delete, daemon=True)
     waiter.start()
-    time.sleep(0.5)  # the waiter has opened the first lock file and waits on it
-    lock.unlink()
-    second = _hold(lock)
+    second: subprocess.Popen[str] | None = None
     try:
+        _until(lambda: _waits_on(old), "A waits on the first lock file")
+        lock.unlink()
+        second = _hold(lock)
+        new = lock.stat()
         _release(first)
-        waiter.join(10)
-        assert not waiter.is_alive()
-        assert isinstance(box.get("error"), PlanStoreUnavailableError), box
-        assert store.get(PLAN.fingerprint) == PLAN
+        # A can open the new file only after it held the old lock and found it replaced
+        _until(lambda: _waits_on(new), "A, holding the replaced lock, waits on the new one")
+        assert waiter.is_alive() and box == {}
+        assert store.get(PLAN.fingerprint) == PLAN  # nothing deleted while B holds the lock
     finally:
-        _release(second)
+        if second is not None:
+            _release(second)
+        if first.returncode is None:
+            _release(first)
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert box == {"value": True}
+    assert store.get(PLAN.fingerprint) is None
 
 
 def test_a_read_takes_the_size_fstat_gave_and_reads_a_shrunk_file_to_its_end(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -289,22 +290,44 @@ def test_a_store_that_sheds_load_for_a_moment_still_gets_its_verdict(
         assert guarded.put(make_plan()) is PutOutcome.CREATED
 
 
+class _Logged(logging.Handler):
+    """Set once a record whose message holds ``text`` is logged (from any thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.seen.wait(seconds)
+
+
 def test_no_verdict_from_the_warm_up_probe_does_not_block_the_first_write(
-    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+    behind: Behind,
+    server: tuple[str, str, dict[str, Any]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The probe started when the store is warmed (a boot's busiest seconds) finds no
     verdict: the first write probes again instead of failing for ``retry_s``."""
     failing = NO_VERDICT_FAILURES
     proxy = FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)
-    with behind(proxy) as (store, _):
-        guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=600.0)
-        guarded.warm()
-        deadline = time.monotonic() + 30
-        while len(proxy.requests) < failing and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)  # its last answer reached the probe
-        assert len(proxy.requests) == failing  # the early probe's read and attempts, no verdict
-        assert guarded.put(make_plan()) is PutOutcome.CREATED
+    found = _Logged("conformance probe: unknown")
+    log = logging.getLogger("plancache")
+    log.addHandler(found)
+    try:
+        with caplog.at_level(logging.WARNING, "plancache"), behind(proxy) as (store, _):
+            guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=600.0)
+            guarded.warm()
+            assert found.wait(60), "no report of the warm-up probe"  # logged once it is kept
+            assert len(proxy.requests) == failing  # the early probe's reads, nothing more
+            assert guarded.put(make_plan()) is PutOutcome.CREATED
+    finally:
+        log.removeHandler(found)
 
 
 def test_no_verdict_is_retried_at_a_later_write(

@@ -10,7 +10,7 @@ import s3fs
 
 from plancache import open_store
 from plancache._backends.s3 import S3Store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.errors import UnsupportedStoreError
 from plancache.testing import ObjectStoreContract, StoreContract, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
@@ -63,7 +63,7 @@ class TestS3NoPrefixContract(StoreContract):
 
     @pytest.fixture
     def write_raw(self, moto_s3: MotoS3, s3_bucket: str) -> WriteRaw:
-        return lambda fp, data: moto_s3.put_object(s3_bucket, object_name(fp), data)
+        return lambda fp, data: moto_s3.put_object(s3_bucket, plan_object_name(fp), data)
 
 
 @pytest.fixture

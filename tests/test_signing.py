@@ -22,7 +22,7 @@ from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
 from plancache._config import Settings, keyring_from_env
 from plancache._inventory.plans import copy, prune, verify
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._merge import frontier
 from plancache._plan import Plan, Signature
 from plancache._reasons import Reason
@@ -432,7 +432,7 @@ def test_without_keys_records_are_byte_identical(tmp_path: Path) -> None:
     assert store.keyring is NO_KEYS
     store.put(A)
     store.put(B)
-    data = (tmp_path / object_name(FP)).read_bytes()
+    data = (tmp_path / plan_object_name(FP)).read_bytes()
     expected = Plan(FP, FACTORS, frontier((*A.observations, *B.observations)))
     assert (
         data == expected.encode() == orjson.dumps(expected.to_dict(), option=orjson.OPT_SORT_KEYS)
@@ -563,7 +563,7 @@ def test_a_tampered_local_tier_is_not_applied(
     store = cache.store
     assert isinstance(store, TieredStore) and store.local is not None
     assert store.local.keyring == store.remote.keyring == signer(OLD)
-    local_file = tmp_path / "tier" / object_name(FP)
+    local_file = tmp_path / "tier" / plan_object_name(FP)
     raw = local_file.read_bytes()
     local_file.write_bytes(
         edited(raw, lambda obj: obj["observations"][0].update(kv_cache_memory_bytes=50 * GiB))
@@ -598,7 +598,7 @@ def test_a_read_only_verifying_node_keeps_signed_copies_in_its_tier(
         "PLANCACHE_TIMEOUT": "30",
     }
     assert PlanCache.from_env(env).lookup(FACTORS, FREE).reason is Reason.HIT
-    assert (tmp_path / "tier" / object_name(FP)).read_bytes() == ci.read_raw(FP)
+    assert (tmp_path / "tier" / plan_object_name(FP)).read_bytes() == ci.read_raw(FP)
     ci.delete(FP)
     assert PlanCache.from_env(env).lookup(FACTORS, FREE).reason is Reason.HIT  # local tier
 

@@ -19,7 +19,7 @@ from plancache import _background as background
 from plancache._backends.local import LocalStore
 from plancache._backends.tiered import UNSHARED_PREFIX, TieredStore
 from plancache._config import Settings
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 from plancache.testing import FACTORS, GiB, StoreContract, make_plan
 from plancache.testing.contract import StoreFactory, WriteRaw
@@ -45,7 +45,7 @@ class TestTieredS3Contract(StoreContract):
     @pytest.fixture
     def write_raw(self, moto_s3: MotoS3, s3_bucket: str) -> WriteRaw:
         """Into the remote; the local tier starts empty."""
-        return lambda fp, data: moto_s3.put_object(s3_bucket, f"plans/{object_name(fp)}", data)
+        return lambda fp, data: moto_s3.put_object(s3_bucket, f"plans/{plan_object_name(fp)}", data)
 
     def test_the_store_is_tiered(self, store: PlanStore) -> None:
         assert isinstance(store, TieredStore) and store.local is not None

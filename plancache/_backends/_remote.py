@@ -1,7 +1,10 @@
 """What the object-store backends share: URL parsing, time bounds, running async client calls.
 
 Every call a backend makes runs on fsspec's event loop under a hard bound
-(``CallTimeouts.total``); past it the call is cancelled and ``PlanStoreUnavailableError`` raised.
+(``CallTimeouts.total``; ``UPLOAD_CALL_S`` for each part of a streamed write and for completing
+it); past it the call is cancelled and ``PlanStoreUnavailableError`` raised. A listing is
+bounded per page by the same, and in all by ``RemoteStore.list_timeout`` and
+``max_list_pages``.
 Backends translate their client's exceptions with ``translate``; messages name the store,
 the action and a status or error code, never a credential: what they copy from an error
 body is cut to a safe character set and length, and every message (the client's exceptions

@@ -3,15 +3,15 @@
 - read: one media ``GET`` (body and ``x-goog-generation`` together, hit or miss), at most
   the bytes asked; a stream (``open_object``) reads the body chunk by chunk.
 - create: multipart upload with ``ifGenerationMatch=0``; replace: the same with
-  ``ifGenerationMatch=<generation>``. Objects over one part (``PART_BYTES``): a resumable
-  upload started under the same precondition (cancelled on failure). A 412 means a racing
+  ``ifGenerationMatch=<generation>``. Objects of one part (``PART_BYTES``) or more: a
+  resumable upload started under the same precondition (cancelled on failure). A 412 means a racing
   writer won: the base class's merge loop re-reads.
 - conditional delete: ``DELETE`` with ``ifGenerationMatch=<generation>`` (412 or 404: the
   record changed or is gone). fake-gcs-server ignores the precondition and deletes whatever
   is stored (the tests put ``GCSDeletePreconditions`` in front of it).
 - time: ``connect_timeout`` 0.5 s and ``read_timeout`` 1 s per attempt, ``retries`` 1 (after
-  a connection error, a timeout, 408, 429 or 5xx), ``timeout`` 3 s for a whole call; all four
-  are storage options. (gcsfs itself has no request timeout and retries 6 times.)
+  a connection error, a timeout, 408, 429, 500, 502, 503 or 504), ``timeout`` 3 s for a whole
+  call; all four are storage options. (gcsfs itself has no request timeout and retries 6 times.)
 
 ``gcsfs.core.GCSFileSystem`` is used, not the package's default subclass, whose bucket-layout
 call stalls against emulators and repeats without permissions. Other storage options go to it
@@ -235,8 +235,9 @@ class GCSStore(RemoteStore):
         return Opened(StreamReader(self, response.content.read, response.close), generation)
 
     def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
-        """One part: a multipart upload with ``ifGenerationMatch`` (0 to create). More: a
-        resumable upload started with the same precondition, cancelled on any failure."""
+        """Under one part (``PART_BYTES``): a multipart upload with ``ifGenerationMatch`` (0 to
+        create). One part or more: a resumable upload started with the same precondition,
+        cancelled on any failure."""
         generation = 0 if not isinstance(mode, Update) else mode.version
         if not isinstance(generation, int):
             raise TypeError(f"GCS versions are generations (int), got {type(generation).__name__}")

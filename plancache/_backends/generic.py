@@ -1,16 +1,18 @@
 """Plans on any other fsspec filesystem (``memory://``, ``sftp://``, ``abfs://``, ...).
 
-fsspec offers no portable create-if-absent or compare-and-swap, so writes here are serialised
-by a lock held by every ``FsspecStore`` of this process, and each record is written with one
-``pipe_file`` call (no partial record is ever visible where the filesystem writes whole
-objects). The version token is the record's sha256.
+fsspec offers no portable create-if-absent or compare-and-swap. A write streams the object
+to a hidden temp object beside it (``.<name>.<random>.tmp``, never listed), then, under a
+lock held by every ``FsspecStore`` of this process, checks its mode (absent, or the version
+read) and moves the temp object into place with ``fs.mv`` (a rename where the filesystem has
+one, else a copy and a delete); the temp object is removed on every path of a live writer (a
+killed one leaves it). The version token is the sha256 of the bytes read.
 
 - ``memory://``: the filesystem lives in this process, so the lock makes create and replace
   atomic: ``atomic = True``.
 - any other protocol: writers on other processes or hosts are not serialised; a racing write
-  can be lost, and where the filesystem writes in place (sftp, ftp) a reader can see a
-  partial record, which fails validation (never applied). ``atomic = False``, and each store
-  logs one warning saying so.
+  can be lost (the check and the move are two calls), and where the move is a copy a reader
+  can see a partial object, which fails validation (never applied). ``atomic = False``, and
+  each store logs one warning saying so.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
 the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
-``flock`` on a sidecar lock file, check that the stored bytes are still those read (the
-bytes are the version token), then ``os.replace``; a conditional delete checks them under the
-same lock, then unlinks.
+``flock`` on a sidecar lock file, check that the object is still the version read, then
+``os.replace``; a conditional delete checks it under the same lock, then unlinks. The version
+token of a read is the bytes read; that of a stream (``open_object``) is the file's identity
+(device, inode, size, times), since a replace renames a new file into place.
 Temp files are removed on every path; ones left by killed writers are removed by
 :meth:`LocalStore.remove_stale_temp_files`.
 

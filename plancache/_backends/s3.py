@@ -3,10 +3,11 @@
 - read: one ``GetObject`` (body and ETag together, hit or miss), at most the bytes asked; a
   stream (``open_object``) reads the body chunk by chunk.
 - create: ``PutObject`` with ``If-None-Match: *``; replace: ``PutObject`` with
-  ``If-Match: <etag>``. Objects over one part (``PART_BYTES``) are multipart uploads
-  completed under the same condition (aborted on failure). A 412, or AWS's 409
-  ``ConditionalRequestConflict``, means a racing writer won: the base class's merge loop
-  re-reads.
+  ``If-Match: <etag>``. Objects of one part (``PART_BYTES``) or more are multipart uploads
+  completed under the same condition (aborted on failure; an object of exactly one part is
+  that part and an empty second one, as ``plancache._objects.parts`` yields them). A 412,
+  or AWS's 409 ``ConditionalRequestConflict``, means a racing writer won: the base class's
+  merge loop re-reads.
 - conditional delete: ``DeleteObject`` with ``If-Match: <etag>`` (AWS honours it in general
   purpose buckets since September 2025, and moto does; a 412 or 404 means the record changed
   or is gone). A service that ignores the header deletes whatever is stored.
@@ -278,9 +279,9 @@ class S3Store(RemoteStore):
         return resp
 
     def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
-        """One part: a ``PutObject`` with ``If-None-Match: *`` (create) or ``If-Match``
-        (update). More: a multipart upload completed under the same condition, aborted on
-        any failure, or when the condition fails."""
+        """Under one part (``PART_BYTES``): a ``PutObject`` with ``If-None-Match: *`` (create)
+        or ``If-Match`` (update). One part or more: a multipart upload completed under the
+        same condition, aborted on any failure, or when the condition fails."""
         key = self._key(name)
         condition = (
             {"IfMatch": str(mode.version)} if isinstance(mode, Update) else {"IfNoneMatch": "*"}

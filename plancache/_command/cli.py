@@ -1,7 +1,8 @@
 """The ``plancache`` command: see what a store holds, check it, copy it and prune it.
 
-This module parses the arguments, runs the subcommand they name (``plancache._command.plans``,
-which opens the store and prints) and turns every failure into one line,
+This module parses the arguments, runs the subcommand they name (``reading``: ``ls``, ``show``,
+``stats``; ``maintenance``: ``verify``, ``rm``, ``prune``, ``cp``; ``fingerprint``; ``doctor``;
+``caches``: ``cache pull``, ``cache push``) and turns every failure into one line,
 ``plancache: error: ...``, and exit status 2; ``--debug`` adds the traceback (secrets and
 keys masked).
 
@@ -22,26 +23,18 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from plancache import _background as background
+from plancache._command.caches import add_cache_command
 from plancache._command.display import echo
 from plancache._command.doctor import cmd_doctor
-from plancache._command.plans import (
-    SORT_KEYS,
-    CliError,
-    cmd_cp,
-    cmd_fingerprint,
-    cmd_ls,
-    cmd_prune,
-    cmd_rm,
-    cmd_show,
-    cmd_stats,
-    cmd_verify,
-)
+from plancache._command.fingerprint import cmd_fingerprint
+from plancache._command.maintenance import cmd_cp, cmd_prune, cmd_rm, cmd_verify
+from plancache._command.reading import SORT_KEYS, cmd_ls, cmd_show, cmd_stats
 from plancache._config import parse_storage_options
 from plancache._defaults import MAX_SECONDS
 from plancache._parse import parse_seconds
 from plancache._redaction import scrub, secret_values, without_userinfo
 from plancache._version import __version__
-from plancache.errors import ConfigError, PlanStoreError
+from plancache.errors import CliError, ConfigError, PlanStoreError
 
 EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
 """Failures whose message alone is the error line (ConfigError and InvalidPlanError are
@@ -99,10 +92,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def parse_timeout(text: str) -> float:
-    """``90``, ``90s`` or ``10m`` as seconds in the range of every time setting
-    (``plancache._config.parse_seconds``: at most ``MAX_SECONDS``); argparse type, so that
-    anything else (``nan``, ``inf``, ``0``, ``1e10``) is a usage error."""
+def parse_timeout_argument(text: str) -> float:
+    """The ``--timeout`` argument: ``90``, ``90s`` or ``10m`` as seconds in the range of every
+    time setting (``plancache._parse.parse_seconds``: at most ``MAX_SECONDS``); argparse type,
+    so that anything else (``nan``, ``inf``, ``0``, ``1e10``) is a usage error. Unlike
+    ``plancache._parse.parse_timeout`` (a variable's value: seconds only, ``ConfigError``),
+    it takes a unit."""
     number = text
     with contextlib.suppress(argparse.ArgumentTypeError):
         number = str(parse_duration(text))
@@ -137,12 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--storage-options", metavar="JSON", help=_OPTIONS_HELP)
     parser.add_argument(
-        "--timeout", type=parse_timeout, default=DEFAULT_TIMEOUT_S, metavar="T", help=_TIMEOUT_HELP
+        "--timeout",
+        type=parse_timeout_argument,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="T",
+        help=_TIMEOUT_HELP,
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     common.add_argument(
-        "--timeout", type=parse_timeout, default=argparse.SUPPRESS, metavar="T", help=_TIMEOUT_HELP
+        "--timeout",
+        type=parse_timeout_argument,
+        default=argparse.SUPPRESS,
+        metavar="T",
+        help=_TIMEOUT_HELP,
     )
     common.add_argument(
         "--storage-options", metavar="JSON", default=argparse.SUPPRESS, help=_OPTIONS_HELP
@@ -221,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("fingerprint", cmd_fingerprint)
     p.add_argument("factors", metavar="FACTORS.json", help="a JSON file of factors, - for stdin")
+
+    add_cache_command(sub, common)
     return parser
 
 
@@ -239,9 +244,13 @@ def _one_store(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 findings, 2 errors). The
-    command runs in a daemon thread: past ``--timeout`` seconds this prints one error line and
-    returns 2 without waiting for it."""
+    """Run the command line; returns the exit status: 0 done; 1 findings (``verify``,
+    ``doctor``, ``show`` of an invalid, unreadable or vanished record, ``cache pull`` refusing
+    what it found) or standard output closed under the command (a broken pipe); 2 a failure
+    (one error line), or the command not done within ``--timeout`` (one error line; the
+    command's daemon thread is not waited for); 130 on Ctrl-C while waiting for it. Arguments
+    argparse rejects raise its ``SystemExit(2)`` (usage on stderr), ``--help`` and
+    ``--version`` its ``SystemExit(0)``."""
     args = build_parser().parse_args(argv)
     command = background.start(lambda: _run(args), "plancache-command")
     try:

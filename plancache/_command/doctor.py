@@ -43,7 +43,7 @@ from plancache._backends.guarded import (
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
 from plancache._config import Settings, keyring_from_env, parse_storage_options
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._probe import STEPS, StoreVerdict, probe
 from plancache._redaction import scrub, secret_values, without_userinfo
 from plancache._store import READ_LIMIT, ForwardingStore, PlanStore, beneath
@@ -122,7 +122,7 @@ class _Doctor:
         def reads() -> str:
             for _ in range(GETS):
                 start = time.perf_counter()
-                store.read_object(object_name(missing), READ_LIMIT)
+                store.read_object(plan_object_name(missing), READ_LIMIT)
                 times.append(time.perf_counter() - start)
             return f"p50 {statistics.median(times) * 1000:.1f} ms of {GETS} reads"
 

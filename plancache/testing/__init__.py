@@ -8,8 +8,8 @@ contract suite and loopback servers (install with ``pip install 'plancache[test]
   scripted, fixed, silent and credential-echoing endpoints, and proxies that lie about
   conditional writes or inject errors, for fault injection.
 - ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
-  processes tests start; ``object_name``: the object a plan is stored as; ``LocalStore``: the
-  local directory backend, to start a backend of your own from.
+  processes tests start; ``plan_object_name``: the object a plan is stored as;
+  ``LocalStore``: the local directory backend, to start a backend of your own from.
 
 Nothing in ``plancache`` itself imports this package. Importing it loads neither pytest nor
 a server library: the contract classes load on first use, the servers when they start.
@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from plancache._backends.local import LocalStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._units import GiB
 from plancache.testing import hostile, servers
 from plancache.testing.env import PACKAGE_ROOT, SETTINGS_VARS, child_env
@@ -42,7 +42,7 @@ __all__ = [
     "child_env",
     "hostile",
     "make_plan",
-    "object_name",
+    "plan_object_name",
     "servers",
 ]
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 
 from plancache import PlanStore, PutOutcome, open_store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._units import GiB
 from plancache.testing.contract import StoreContract, StoreSpec, WriteRaw, missing_fixture
 from plancache.testing.plans import make_plan
@@ -85,8 +85,8 @@ class ObjectStoreContract(StoreContract):
 
     @pytest.fixture
     def write_raw(self, write_object: WriteRaw) -> WriteRaw:
-        """Plan records are objects named ``object_name(fingerprint)``."""
-        return lambda fp, data: write_object(object_name(fp), data)
+        """Plan records are objects named ``plan_object_name(fingerprint)``."""
+        return lambda fp, data: write_object(plan_object_name(fp), data)
 
     @pytest.fixture
     def counted(self, proxied_store_spec: StoreSpec) -> Iterator[PlanStore]:
@@ -170,13 +170,20 @@ class ObjectStoreContract(StoreContract):
     ) -> None:
         plan = make_plan()
         store.put(plan)
-        assert read_object(object_name(plan.fingerprint)) == ("application/json", plan.encode())
+        assert read_object(plan_object_name(plan.fingerprint)) == (
+            "application/json",
+            plan.encode(),
+        )
 
     def test_other_objects_under_the_prefix_are_ignored(
         self, store: PlanStore, write_object: WriteRaw
     ) -> None:
         plan = make_plan()
-        for name in ["notes.txt", "startup_plan_zz.json", f"sub/{object_name(plan.fingerprint)}"]:
+        for name in [
+            "notes.txt",
+            "startup_plan_zz.json",
+            f"sub/{plan_object_name(plan.fingerprint)}",
+        ]:
             write_object(name, b"{}")
         assert list(store.iter_fingerprints()) == []
         store.put(plan)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from plancache import Plan, fingerprint, open_store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._merge import frontier
 from plancache._observation import Observation
 from plancache.testing import GiB, child_env
@@ -98,7 +98,7 @@ def fill(root: Path, n: int) -> None:
 def write_raw(root: Path, fp: str, data: bytes) -> None:
     """Store ``data`` as the record under ``fp`` in the local store at ``root``, unchecked."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / object_name(fp)).write_bytes(data)
+    (root / plan_object_name(fp)).write_bytes(data)
 
 
 def record_bytes(drop: str = "", **fields: Any) -> bytes:

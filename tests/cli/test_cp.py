@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from plancache import Plan, fingerprint, open_store
-from plancache._keys import Scalar, object_name
+from plancache._keys import Scalar, plan_object_name
 from plancache._merge import frontier
 from plancache._observation import Observation
 from plancache.testing import GiB, child_env
@@ -64,10 +64,10 @@ def test_cp_merges_frontiers_and_upgrades_schema_1(tmp_path: Path) -> None:
     merged = open_store(str(dst)).get(fp)
     assert merged is not None and merged.observations == (a, b, c)
     assert merged.labels == {"model": "m"}
-    stored = orjson.loads((dst / object_name(legacy)).read_bytes())
+    stored = orjson.loads((dst / plan_object_name(legacy)).read_bytes())
     assert stored["schema"] == 2 and len(stored["observations"]) == 1
     assert stored["observations"][0]["kv_cache_memory_bytes"] == GiB
-    assert (src / object_name(legacy)).read_bytes() == record_bytes(  # the source is untouched
+    assert (src / plan_object_name(legacy)).read_bytes() == record_bytes(  # the source is untouched
         factors=legacy_factors, created_at=stored["observations"][0]["created_at"]
     )
     # copying again adds nothing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -105,6 +106,18 @@ def test_stats(store: LocalFixture) -> None:
     text = ok("stats", str(root))
     assert "3 (1 invalid)" in text and "(40d ago)" in text
     assert "NVIDIA H100 (2), NVIDIA A10G (1)" in text
+
+
+def _documented_stats_fields() -> list[str]:
+    """The fields docs/cli.md's table after "`stats --json` prints one object" lists."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    table = text.split("`stats --json` prints one object", 1)[1].split("\n\n", 2)[1]
+    return re.findall(r"^\| `(\w+)` \|", table, re.M)
+
+
+def test_stats_json_prints_exactly_the_documented_fields(store: LocalFixture) -> None:
+    root, _, _ = store
+    assert list(json.loads(ok("stats", str(root), "--json"))) == _documented_stats_fields()
 
 
 def test_ls_shows_the_frontier_of_each_record(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from plancache import fingerprint, open_store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from tests.cli.helpers import named_plan, run
 from tests.helpers import ODD_ENTRIES, plant_odd_entry
 
@@ -44,7 +44,7 @@ def odd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, 
     the words that name the entry's kind."""
     root = tmp_path / "store"
     open_store(str(root)).put(VALID)
-    plant_odd_entry(request.param, root / object_name(ODD_FP), named_plan("odd"))
+    plant_odd_entry(request.param, root / plan_object_name(ODD_FP), named_plan("odd"))
     yield root, WORDS[request.param]
 
 
@@ -52,7 +52,7 @@ def test_every_command_reports_an_odd_entry_and_works_on(
     odd: tuple[Path, str], tmp_path: Path
 ) -> None:
     root, words = odd
-    entry = root / object_name(ODD_FP)
+    entry = root / plan_object_name(ODD_FP)
 
     ls = plancache("ls", str(root))
     assert ls.returncode == 0, ls.stderr
@@ -99,7 +99,7 @@ def test_every_command_reports_an_odd_entry_and_works_on(
 def test_a_stale_temp_directory_does_not_fail_prune(tmp_path: Path) -> None:
     root = tmp_path / "store"
     open_store(str(root)).put(VALID)
-    stale = root / f".{object_name(VALID.fingerprint)}.host.1.abcd.x.tmp"
+    stale = root / f".{plan_object_name(VALID.fingerprint)}.host.1.abcd.x.tmp"
     stale.mkdir()
     (stale / "inside").write_text("x")
     hours_ago = time.time() - 7200

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from plancache import open_store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.testing import GiB
 from tests.cli.helpers import LocalFixture, frontier_plan, ok, run
 
@@ -23,8 +23,8 @@ def test_prune(store: LocalFixture) -> None:
     s = open_store(str(root))
     mixed = frontier_plan("mixed", [(1, 60, 40), (2, 70, 15), (3, 80, 1)])  # ages in days
     s.put(mixed)
-    stale = root / f".{object_name(a.fingerprint)}.host.1.abcd.x.tmp"
-    live = root / f".{object_name(a.fingerprint)}.host.2.ef01.y.tmp"
+    stale = root / f".{plan_object_name(a.fingerprint)}.host.1.abcd.x.tmp"
+    live = root / f".{plan_object_name(a.fingerprint)}.host.2.ef01.y.tmp"
     stale.write_bytes(b"{")
     live.write_bytes(b"{")
     two_hours_ago = time.time() - 7200

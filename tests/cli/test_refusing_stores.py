@@ -32,8 +32,7 @@ from plancache import open_store
 from plancache._artifacts.archive import pack
 from plancache._artifacts.manifest import object_name as artifact_name
 from plancache._backends._remote import PROBE_PREFIX
-from plancache._keys import fingerprint
-from plancache._keys import object_name as plan_object_name
+from plancache._keys import fingerprint, plan_object_name
 from plancache.testing import GiB, child_env
 from plancache.testing.hostile import WRITES, FaultyProxy, LyingProxy, writes
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, _Handler

@@ -14,7 +14,7 @@ import pytest
 
 from plancache import PlanStore, open_store
 from plancache._backends.local import LocalStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._signing import NO_KEYS, Keyring, key_id
 from plancache.testing import GiB, child_env
 from plancache.testing.plans import newer_schema_record
@@ -187,7 +187,7 @@ def test_cp_and_prune_sign_with_the_signing_key(root: Path, tmp_path: Path) -> N
     plain_dst = tmp_path / "plain"
     assert "4 created" in ok("cp", str(root), str(plain_dst))
     for p in (GOOD, TAMPERED, FOREIGN):
-        name = object_name(p.fingerprint)
+        name = plan_object_name(p.fingerprint)
         assert (plain_dst / name).read_bytes() == (root / name).read_bytes()
     # prune: an unsigned prune cannot rewrite a signed record; a signing one can
     old = named_plan("good", kv_gib=2, baseline_gib=75, age_days=40)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from plancache import InvalidPlanError, PutOutcome, open_store
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache.testing import child_env, make_plan
 from plancache.testing.hostile import FixedResponseServer, Reply, ScriptedServer
 from plancache.testing.servers import (
@@ -55,8 +55,8 @@ def test_put_object_stores_bytes_verbatim(
     moto_s3: MotoS3, s3_bucket: str, fake_gcs: FakeGCS, gcs_bucket: str
 ) -> None:
     fp = make_plan().fingerprint
-    moto_s3.put_object(s3_bucket, f"p/{object_name(fp)}", b"{torn")
-    fake_gcs.put_object(gcs_bucket, f"p/{object_name(fp)}", b"{torn")
+    moto_s3.put_object(s3_bucket, f"p/{plan_object_name(fp)}", b"{torn")
+    fake_gcs.put_object(gcs_bucket, f"p/{plan_object_name(fp)}", b"{torn")
     for store in (
         open_store(f"s3://{s3_bucket}/p", endpoint_url=moto_s3.endpoint),
         open_store(f"gs://{gcs_bucket}/p", endpoint_url=fake_gcs.endpoint, token="anon"),
@@ -127,7 +127,7 @@ def test_gcs_delete_preconditions_adds_what_fake_gcs_server_ignores(
     it, ``GCSDeletePreconditions`` answers as GCS does: 412 for another generation, 404 for
     no object, and deletes the generation named."""
     plan = make_plan()
-    path = f"/storage/v1/b/{gcs_bucket}/o/{object_name(plan.fingerprint)}"
+    path = f"/storage/v1/b/{gcs_bucket}/o/{plan_object_name(plan.fingerprint)}"
 
     def send(endpoint: str, method: str, query: str = "") -> tuple[int, bytes]:
         conn = http.client.HTTPConnection(endpoint.removeprefix("http://"), timeout=10)
@@ -145,13 +145,13 @@ def test_gcs_delete_preconditions_adds_what_fake_gcs_server_ignores(
     def delete(endpoint: str, generation: int) -> int:
         return send(endpoint, "DELETE", f"?ifGenerationMatch={generation}")[0]
 
-    fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
+    fake_gcs.put_object(gcs_bucket, plan_object_name(plan.fingerprint), plan.encode())
     generation = stored_generation()
     assert generation is not None
     assert delete(fake_gcs.raw_endpoint, generation + 1) in (200, 204)  # the emulator's gap
     assert stored_generation() is None
     with GCSDeletePreconditions(fake_gcs.raw_endpoint) as guard:
-        fake_gcs.put_object(gcs_bucket, object_name(plan.fingerprint), plan.encode())
+        fake_gcs.put_object(gcs_bucket, plan_object_name(plan.fingerprint), plan.encode())
         generation = stored_generation()
         assert generation is not None
         assert delete(guard.endpoint, generation + 1) == 412

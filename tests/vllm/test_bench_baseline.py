@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.local_costs import vllm_load_plan
 from plancache._backends.local import LocalStore
-from plancache._keys import object_name
+from plancache._keys import plan_object_name
 from plancache._plan import SCHEMA
 from plancache.testing import make_plan
 from tests.vllm.support import vllm_installed
@@ -38,7 +38,7 @@ def test_the_benchmark_reads_plans_as_vllm_does(
     other = make_plan(kv=1 << 30, baseline=2 << 30, factors={"other": 1})
     assert vllm_load_plan(other.fingerprint, SCHEMA) is None  # absent
     assert startup_plan._load_plan(other.fingerprint) is None
-    (store.root / object_name(other.fingerprint)).write_text("{not json")
+    (store.root / plan_object_name(other.fingerprint)).write_text("{not json")
     assert vllm_load_plan(other.fingerprint, SCHEMA) is None  # unreadable
     assert startup_plan._load_plan(other.fingerprint) is None
     monkeypatch.delenv("VLLM_CACHE_ROOT")

@@ -1,0 +1,309 @@
+"""``plancache cache pull`` and ``plancache cache push``: a generated-cache directory from and
+to a store, for build steps and init containers (``plancache.caches``).
+
+``--kind triton`` and ``--kind inductor`` are Triton's and Inductor's caches, scoped as
+``plancache.caches.triton_cache`` and ``inductor_cache`` scope them (the installed versions,
+the GPU: ``--gpu`` names another); any other kind is a directory given by ``--dir`` and
+scoped by the ``--factor k=v`` pairs given (values are strings). The store is ``--url``
+(default ``PLANCACHE_URL``), opened through the one open path without the local tier, with
+every other ``PLANCACHE_*`` setting (keys, read-only mode, ``PLANCACHE_COMPILE_*``).
+
+A pull installs every trusted bundle of the kind and scope, file by file, create-if-absent,
+and records in the directory (``.plancache-pulled-<kind>-<scope>.json``, a name no bundle
+holds) which paths the stored bundles hold; a later push from that directory stores only
+the files they do not hold (``--all``: every file), as one bundle named by its content.
+
+Exit status (``cli.main``): 0 done (a pull that found nothing is done: ``miss``); 1 a pull
+refused what it found (unsigned or badly signed bundles: each named on stderr); 2 an error,
+one line: a store that failed or did not answer within the pull's bound, a push the store
+did not take, a bad kind, factor or directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from plancache._command.display import echo, plural, print_json
+from plancache._config import Settings, is_remote, keyring_from_env
+from plancache._redaction import without_userinfo
+from plancache.caches import (
+    CacheShare,
+    GeneratedCache,
+    directory_cache,
+    inductor_cache,
+    triton_cache,
+)
+from plancache.errors import CliError
+
+COMPUTED = {"triton": triton_cache, "inductor": inductor_cache}
+"""The kinds whose scope is computed from what is installed here."""
+RECORD_PREFIX = ".plancache-pulled-"
+MAX_RECORD_BYTES = 64 << 20
+_FACTOR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_HELP = (
+    "pull a generated-cache directory (Triton's, Inductor's, any whose files are named by "
+    "their own keys) from a store, or push what it holds to it"
+)
+_PULL_HELP = (
+    "install every trusted bundle of KIND in its scope into the directory, each file "
+    "create-if-absent; exit 1 if any was refused"
+)
+_PUSH_HELP = (
+    "store the directory's files that the last pull into it did not install as one bundle, "
+    "create-if-absent"
+)
+
+
+def parse_factor(text: str) -> tuple[str, str]:
+    """``k=v`` as a pair (argparse type): ``k`` a name of letters, digits, ``_.-``."""
+    key, sep, value = text.partition("=")
+    if not sep or not _FACTOR_KEY.fullmatch(key) or key == "cache":
+        raise argparse.ArgumentTypeError(
+            f"{text!r:.80} is not a factor k=v (k: letters, digits, _ . -; not 'cache')"
+        )
+    return key, value
+
+
+def add_cache_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``cache pull`` and ``cache push`` to the command's subparsers ``sub`` (``common``:
+    the options every subcommand takes)."""
+    parser = sub.add_parser("cache", parents=[common], help=_HELP, description=_HELP)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, func, doc in (
+        ("pull", cmd_cache_pull, _PULL_HELP),
+        ("push", cmd_cache_push, _PUSH_HELP),
+    ):
+        p = verbs.add_parser(verb, parents=[common], help=doc, description=doc)
+        p.set_defaults(func=func)
+        p.add_argument(
+            "--kind",
+            required=True,
+            help="triton, inductor, or a kind of your own ([a-z][a-z0-9_]{0,31}) with --dir "
+            "and --factor",
+        )
+        p.add_argument(
+            "--dir",
+            metavar="DIR",
+            help="the cache directory (default: triton: $TRITON_CACHE_DIR or ~/.triton/cache; "
+            "inductor: $TORCHINDUCTOR_CACHE_DIR or torch's default; other kinds: required)",
+        )
+        p.add_argument(
+            "--factor",
+            action="append",
+            type=parse_factor,
+            default=[],
+            metavar="K=V",
+            help="what the files of a kind of your own depend on (versions, device, "
+            "settings), one K=V each; the same on every node that shares them",
+        )
+        p.add_argument(
+            "--gpu",
+            metavar="NAME",
+            help="triton and inductor: the GPU the cache is for, as plancache names it "
+            "('NVIDIA H100 80GB HBM3 sm_90'; default: this machine's, 'none' without one)",
+        )
+        p.add_argument(
+            "--url", metavar="URL", help="store URL or local path (default: $PLANCACHE_URL)"
+        )
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    verbs.choices["pull"].add_argument(
+        "--trust-unsigned",
+        action="store_true",
+        help="with no key configured, install unsigned bundles from a remote store too "
+        "(their files are loaded as code: anyone who can write the bucket could run code)",
+    )
+    verbs.choices["push"].add_argument(
+        "--all",
+        action="store_true",
+        help="store every file of the directory, not only those the last pull did not install",
+    )
+
+
+def _cache(args: argparse.Namespace) -> GeneratedCache:
+    """The cache the arguments name; ``CliError`` or ``ConfigError`` saying what is wrong."""
+    factors = dict(args.factor)
+    if len(factors) != len(args.factor):
+        raise CliError("cache: a factor is given twice")
+    if args.kind in COMPUTED:
+        if factors:
+            raise CliError(
+                f"cache: the scope of kind {args.kind} is computed (versions, GPU): no "
+                "--factor; --gpu names another GPU"
+            )
+        return COMPUTED[args.kind](args.dir, gpu=args.gpu)
+    if args.gpu is not None:
+        raise CliError("cache: --gpu is for kinds triton and inductor; give --factor gpu=NAME")
+    if args.dir is None or not factors:
+        raise CliError(
+            f"cache: kind {args.kind!r:.40} needs --dir and the factors its files depend on "
+            "(--factor version=1.2 ...)"
+        )
+    return directory_cache(args.kind, args.dir, factors)
+
+
+def _share(args: argparse.Namespace) -> tuple[CacheShare, str]:
+    """The store the arguments name, without the local tier, and its URL for display."""
+    env = dict(os.environ)
+    if args.url is not None:
+        env["PLANCACHE_URL"] = args.url
+    if args.storage_options is not None:
+        env["PLANCACHE_STORAGE_OPTIONS"] = args.storage_options
+    env["PLANCACHE_LOCAL_TIER"] = "0"
+    env.setdefault("PLANCACHE_COMPILE_TIMEOUT", f"{args.timeout:g}")
+    if getattr(args, "trust_unsigned", False):
+        env["PLANCACHE_COMPILE_TRUST_UNSIGNED"] = "1"
+    args.keyring = keyring_from_env(env)  # masked in any error line
+    share = CacheShare.from_env(env)
+    args.opened.append(share)
+    return share, Settings.from_env(env).url
+
+
+@contextlib.contextmanager
+def _warnings() -> Iterator[list[str]]:
+    """The warnings plancache logs meanwhile (why a bundle was refused or not written)."""
+    caught: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record.getMessage())
+
+    logger = logging.getLogger("plancache")
+    handler = Catch(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield caught
+    finally:
+        logger.removeHandler(handler)
+
+
+def _record(cache: GeneratedCache) -> Path:
+    return cache.root / f"{RECORD_PREFIX}{cache.kind}-{cache.scope}.json"
+
+
+def _recorded(cache: GeneratedCache) -> set[str]:
+    """The paths the last pulls into ``cache.root`` found in the stored bundles (none if
+    there is no readable record: then a push stores every file)."""
+    path = _record(cache)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        known = orjson.loads(data)["known"] if len(data) <= MAX_RECORD_BYTES else None
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        echo(f"plancache: {path}: not read ({exc}): every file is pushed", file=sys.stderr)
+        return set()
+    if not isinstance(known, list) or not all(isinstance(p, str) for p in known):
+        echo(f"plancache: {path}: not a pull's record: every file is pushed", file=sys.stderr)
+        return set()
+    return set(known)
+
+
+def _remember(cache: GeneratedCache, known: set[str]) -> None:
+    """Add ``known`` to the record of ``cache``'s pulls (temp file, then ``replace``)."""
+    path = _record(cache)
+    data = orjson.dumps(
+        {"kind": cache.kind, "scope": cache.scope, "known": sorted(known | _recorded(cache))}
+    )
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        echo(line, file=sys.stderr)
+
+
+def cmd_cache_pull(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    share, url = _share(args)
+    shown = without_userinfo(url)
+    if not is_remote(url) and not Path(url.removeprefix("file://")).expanduser().is_dir():
+        raise CliError(f"{shown}: no store there (the directory does not exist)")
+    with _warnings() as warned:
+        fetched = share.pull(cache)
+    _say(warned)
+    if fetched.reason in ("store-error", "timeout"):
+        raise CliError(f"cache pull: {shown}: {fetched.reason} (nothing more installed)")
+    if fetched.known:
+        _remember(cache, fetched.known)
+    if args.json:
+        print_json(
+            {
+                "kind": cache.kind,
+                "scope": cache.scope,
+                "dir": str(cache.root),
+                "url": shown,
+                "reason": fetched.reason,
+                "bundles": fetched.bundles,
+                "installed": fetched.installed,
+                "known": len(fetched.known),
+                "seconds": round(fetched.seconds, 3),
+            }
+        )
+    else:
+        echo(
+            f"{cache.kind} cache {cache.root}: {fetched.reason}, "
+            f"{plural(fetched.bundles, 'bundle')}, {plural(fetched.installed, 'file')} installed "
+            f"from {shown} ({fetched.seconds:.3f} s)"
+        )
+    if fetched.reason in ("untrusted", "invalid"):
+        if fetched.reason == "untrusted" and is_remote(url):
+            _say(
+                [
+                    "plancache: unsigned bundles of a remote store are refused: configure a "
+                    "key (PLANCACHE_VERIFY_KEYS), or --trust-unsigned"
+                ]
+            )
+        return 1
+    return 0
+
+
+def cmd_cache_push(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    if not cache.root.is_dir():
+        raise CliError(f"cache push: {cache.root}: not a directory")
+    share, url = _share(args)
+    shown = without_userinfo(url)
+    known = set() if args.all else _recorded(cache)
+    with _warnings() as warned:
+        pushed = share.push(cache, known)
+    _say(warned)
+    if pushed.files and "store" not in pushed.written:
+        raise CliError(f"cache push: {shown}: the bundle was not written to the store")
+    if args.json:
+        print_json(
+            {
+                "kind": cache.kind,
+                "scope": cache.scope,
+                "dir": str(cache.root),
+                "url": shown,
+                "files": pushed.files,
+                "written": pushed.written,
+            }
+        )
+    elif not pushed.files:
+        echo(f"{cache.kind} cache {cache.root}: nothing new: nothing stored in {shown}")
+    else:
+        done = "stored" if pushed.written.get("store") else "stored already"
+        echo(
+            f"{cache.kind} cache {cache.root}: {plural(pushed.files, 'file')} {done} as one "
+            f"bundle in {shown}"
+        )
+    return 0

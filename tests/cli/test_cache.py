@@ -1,0 +1,163 @@
+"""``plancache cache push`` and ``plancache cache pull``: a directory round trip through S3
+(moto) and GCS (fake-gcs-server) with signing, refusals, the pull's record, and errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from plancache import open_store
+from plancache.testing import child_env
+from tests.cli.helpers import RemoteSpec, failure, ok, run
+
+KEY = secrets.token_hex(32)
+OTHER = secrets.token_hex(32)
+FACTORS = ("--factor", "compiler=1.2.3", "--factor", "arch=sm_90")
+
+
+def _fill(root: Path) -> dict[str, bytes]:
+    """A JIT cache's directory: files named by their keys, one executable; its files."""
+    files = {
+        "ab/cdef0123/kernel.bin": secrets.token_bytes(5000),
+        "ab/cdef0123/kernel.json": b'{"name": "k"}',
+        "7f/launcher.so": secrets.token_bytes(300),
+        "index.txt": b"",
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    os.chmod(root / "7f/launcher.so", 0o755)
+    return files
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``root`` but the pull's record: its bytes and mode."""
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".plancache-")
+    }
+
+
+def test_a_directory_round_trips_through_a_remote_store_signed(
+    tmp_path: Path, remote: RemoteSpec
+) -> None:
+    url, options = remote
+    where = ("--url", url, "--storage-options", json.dumps(options))
+    keyed = child_env(PLANCACHE_SIGNING_KEY=KEY)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _fill(src)
+    args = ("--kind", "myjit", *FACTORS, *where)
+    pushed = json.loads(ok("cache", "push", "--dir", str(src), *args, "--json", env=keyed))
+    assert (pushed["files"], pushed["written"]) == (4, {"store": True})
+    store = open_store(url, **options)
+    try:
+        [name] = list(store.list_objects("cache_myjit_"))
+    finally:
+        store.close()
+    assert pushed["scope"] in name
+
+    pulled = json.loads(ok("cache", "pull", "--dir", str(dst), *args, "--json", env=keyed))
+    assert (pulled["reason"], pulled["bundles"], pulled["installed"]) == ("hit", 1, 4)
+    assert _tree(dst) == _tree(src)
+    assert _tree(dst)["7f/launcher.so"][1] == 0o755
+
+    # another key: refused, nothing installed, exit 1, the refusal named
+    wrong = tmp_path / "wrong"
+    result = run(
+        "cache", "pull", "--dir", str(wrong), *args, env=child_env(PLANCACHE_SIGNING_KEY=OTHER)
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "0 files installed" in result.stdout and name in result.stderr
+    assert _tree(wrong) == {}
+    # no key at all: unsigned-or-not, a remote store's bundles are code: refused
+    result = run("cache", "pull", "--dir", str(wrong), *args, env=child_env())
+    assert result.returncode == 1 and "--trust-unsigned" in result.stderr
+    assert _tree(wrong) == {}
+    # another scope: nothing there
+    other = ("--kind", "myjit", "--factor", "compiler=9", *where)
+    assert ": miss, 0 bundles" in ok("cache", "pull", "--dir", str(wrong), *other, env=keyed)
+
+
+def test_unsigned_bundles_of_a_remote_store_need_the_opt_in(
+    tmp_path: Path, s3_spec: RemoteSpec
+) -> None:
+    url, options = s3_spec
+    args = ("--kind", "myjit", *FACTORS, "--url", url, "--storage-options", json.dumps(options))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _fill(src)
+    ok("cache", "push", "--dir", str(src), *args)
+    assert run("cache", "pull", "--dir", str(dst), *args).returncode == 1
+    assert _tree(dst) == {}
+    assert "hit, 1 bundle, 4 files" in ok(
+        "cache", "pull", "--dir", str(dst), *args, "--trust-unsigned"
+    )
+    assert _tree(dst) == _tree(src)
+
+
+def test_a_push_after_a_pull_stores_only_what_the_directory_added(tmp_path: Path) -> None:
+    store = tmp_path / "store"  # a local store only this user can write: trusted unsigned
+    args = ("--kind", "myjit", *FACTORS, "--url", str(store))
+    first, node, new = tmp_path / "first", tmp_path / "node", tmp_path / "new"
+    first.mkdir()
+    _fill(first)
+    assert "4 files stored as one bundle" in ok("cache", "push", "--dir", str(first), *args)
+    ok("cache", "pull", "--dir", str(node), *args)
+    assert "nothing new: nothing stored" in ok("cache", "push", "--dir", str(node), *args)
+    (node / "cd" / "added.bin").parent.mkdir()
+    (node / "cd" / "added.bin").write_bytes(b"compiled on this node")
+    pushed = json.loads(ok("cache", "push", "--dir", str(node), *args, "--json"))
+    assert pushed["files"] == 1  # its own file only, not a second copy of the others
+    assert len(list(open_store(str(store)).list_objects("cache_myjit_"))) == 2
+    pulled = json.loads(ok("cache", "pull", "--dir", str(new), *args, "--json"))
+    assert (pulled["bundles"], pulled["installed"]) == (2, 5)
+    assert _tree(new) == _tree(node)
+    # --all stores every file: the same bytes as the first bundle plus the new one
+    assert (
+        json.loads(ok("cache", "push", "--dir", str(new), *args, "--all", "--json"))["files"] == 5
+    )
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    store, there = tmp_path / "store", tmp_path / "dir"
+    there.mkdir()
+    (there / "f").write_bytes(b"x")
+    url = ("--url", str(store))
+    assert "needs --dir and the factors" in failure(
+        "cache", "push", "--kind", "myjit", "--dir", str(there), *url
+    )
+    assert "is not a cache kind" in failure(
+        "cache", "push", "--kind", "Bad-Kind", "--dir", str(there), "--factor", "a=1", *url
+    )
+    assert "is not a cache kind" in failure(
+        "cache", "push", "--kind", "compile", "--dir", str(there), "--factor", "a=1", *url
+    )
+    assert "is computed" in failure("cache", "push", "--kind", "triton", "--factor", "a=1", *url)
+    assert "not a factor" in failure(
+        "cache", "push", "--kind", "myjit", "--factor", "novalue", *url
+    )
+    assert "not a directory" in failure(
+        "cache", "push", "--kind", "myjit", "--dir", str(tmp_path / "none"), "--factor", "a=1", *url
+    )
+    assert "no store there" in failure(
+        "cache", "pull", "--kind", "myjit", "--dir", str(there), "--factor", "a=1", *url
+    )
+    read_only = child_env(PLANCACHE_READ_ONLY="1")
+    err = failure(
+        "cache",
+        "push",
+        "--kind",
+        "myjit",
+        "--dir",
+        str(there),
+        "--factor",
+        "a=1",
+        *url,
+        env=read_only,
+    )
+    assert "not written to the store" in err
+    assert not store.exists() or not list(store.glob("cache_*"))
