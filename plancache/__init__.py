@@ -44,7 +44,7 @@ from plancache.errors import (
 install_moved_finder()
 
 if TYPE_CHECKING:
-    from plancache._backends import open_store
+    from plancache._backends import open_store, register_backend
     from plancache._cache import Decision, PlanCache, Recorded
     from plancache._config import Settings
     from plancache._gate import Budget, applicable_kv_cache_memory_bytes
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "open_store": "plancache._backends",
+    "register_backend": "plancache._backends",
     "Decision": "plancache._cache",
     "PlanCache": "plancache._cache",
     "Recorded": "plancache._cache",
@@ -129,4 +130,5 @@ __all__ = [
     "applicable_kv_cache_memory_bytes",
     "fingerprint",
     "open_store",
+    "register_backend",
 ]

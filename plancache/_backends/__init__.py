@@ -2,18 +2,39 @@
 
 Importing this package imports no client library; ``s3fs`` and ``gcsfs`` load only when a
 URL of their scheme is opened.
+
+A scheme is served by, in this order: a backend registered in this process
+(``register_backend``, the public function), a built-in one (``BACKENDS``), one declared in
+the ``plancache.backends`` entry-point group (name: the scheme; value: ``"module:attr"``),
+read on the first URL of a scheme neither of those serves (again whenever ``sys.path``
+changed since), and last any other protocol fsspec knows (``GENERIC``). A registered factory
+returns an ``ObjectLayer``; one that is not a ``PlanStore`` is wrapped in a ``LayerStore``
+(``plancache._backends.layer``), so that every kind works on it.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import re
+import sys
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from plancache._objects import ObjectLayer
 from plancache._redaction import scrub_exception, secret_values
 from plancache._store import PlanStore
-from plancache.errors import MissingExtraError, UnknownSchemeError, UnsupportedStoreError
+from plancache.errors import (
+    ConfigError,
+    MissingExtraError,
+    UnknownSchemeError,
+    UnsupportedStoreError,
+)
+
+log = logging.getLogger("plancache")
 
 #: scheme -> ("module:Class", extra that installs its client library or None)
 BACKENDS: dict[str, tuple[str, str | None]] = {
@@ -25,6 +46,51 @@ BACKENDS: dict[str, tuple[str, str | None]] = {
 }
 #: any other protocol fsspec knows goes to the generic backend
 GENERIC = "plancache._backends.generic:FsspecStore"
+ENTRY_POINT_GROUP = "plancache.backends"
+"""The entry-point group third-party backends are declared in (name: scheme; value:
+``"module:attr"``, a factory as ``register_backend`` takes)."""
+REGISTERED = "register_backend"
+"""The origin of a backend registered by ``register_backend``."""
+LOCAL_SCHEME = "file"
+"""Local paths and ``file://`` URLs: the local directory store, never replaced."""
+
+Factory = Callable[..., ObjectLayer]
+"""A backend: called as ``factory(url, **storage_options)``, returns an ``ObjectLayer``."""
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")
+"""A URL scheme (RFC 3986), at most 32 characters."""
+_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+"""``"module:attr"`` (dotted names on both sides), as entry points write them."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What serves a scheme: ``factory`` (a callable, or ``"module:attr"`` imported on first
+    use), the pip extra that installs its client library (built-ins only), and where it
+    came from, for messages."""
+
+    scheme: str
+    factory: str | Factory
+    extra: str | None = None
+    origin: str = "built-in"
+
+    def describe(self) -> str:
+        """``"memtest:// (pkg.mod:Layer, entry point of mypkg 1.0)"``: for messages."""
+        target = self.factory if isinstance(self.factory, str) else _qualname(self.factory)
+        return f"{self.scheme}:// ({target}, {self.origin})"
+
+
+_lock = threading.Lock()
+_registered: dict[str, Backend] = {}
+"""Backends registered in this process (``register_backend`` or entry points)."""
+_scanned_path: tuple[str, ...] | None = None
+"""``sys.path`` when the entry points were last read (None: never)."""
+
+
+def _qualname(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}:{name}" if module else str(name)
 
 
 def _scheme(url: str) -> str:
@@ -33,34 +99,202 @@ def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
 
+def _check_scheme(scheme: object) -> str:
+    """``scheme`` lowercased (URL schemes are case-insensitive); else ``ConfigError``."""
+    if not isinstance(scheme, str) or not _SCHEME.fullmatch(scheme):
+        hint = (
+            " (give the scheme without '://')" if isinstance(scheme, str) and ":" in scheme else ""
+        )
+        raise ConfigError(
+            f"not a URL scheme: {scheme!r:.60}{hint}: a letter, then letters, digits, '+', "
+            "'-' or '.', at most 32 characters"
+        )
+    return scheme.lower()
+
+
+def _same(a: str | Factory, b: str | Factory) -> bool:
+    return a == b if isinstance(a, str) or isinstance(b, str) else a is b
+
+
+def register_backend(scheme: str, factory: str | Factory, *, clobber: bool = False) -> None:
+    """Serve URLs of ``scheme`` (``"memtest"`` for ``memtest://...``) with ``factory``, in
+    this process, for ``open_store``, ``Settings.open_store()``, ``PlanCache.from_env()`` and
+    every kind (plans, compile artifacts, cache bundles).
+
+    ``factory``: a callable ``factory(url, **storage_options) -> ObjectLayer`` (a class
+    deriving from ``plancache.ObjectLayer``, or a function returning one), or its
+    ``"module:attr"`` path, imported on first use (so registering costs no import). What it
+    returns is wrapped in a store that runs every kind on its primitives (``LayerStore``),
+    unless it is a ``PlanStore`` already.
+
+    Like fsspec's ``register_implementation``: registering the same factory again does
+    nothing; another factory for a scheme already served (registered, or built-in: ``s3``,
+    ``s3a``, ``gs``, ``gcs``) raises ``ConfigError`` unless ``clobber=True``. Registering a
+    built-in scheme's own ``"module:Class"`` with ``clobber=True`` restores the built-in.
+    ``file`` (local paths) cannot be replaced. A scheme registered here wins over an entry
+    point of the same name (whichever was read first) and over fsspec's protocol of that
+    name. The registration lasts as long as the process: other processes (the ``plancache``
+    command, vLLM's workers) see a scheme only if they register it too, or through the
+    ``plancache.backends`` entry-point group.
+
+    Raises ``ConfigError`` (a ``ValueError``) for a malformed scheme, a factory that is
+    neither callable nor a ``"module:attr"`` string, or a taken scheme without ``clobber``.
+    """
+    name = _check_scheme(scheme)
+    if isinstance(factory, str):
+        if not _TARGET.fullmatch(factory):
+            raise ConfigError(
+                f"backend for {name}:// must be a callable or 'module:attr', got {factory!r:.80}"
+            )
+    elif not callable(factory):
+        raise ConfigError(
+            f"backend for {name}:// must be a callable or 'module:attr', got a "
+            f"{type(factory).__qualname__}"
+        )
+    if name == LOCAL_SCHEME:
+        raise ConfigError("file:// (local paths) is the local directory store: not replaceable")
+    with _lock:
+        current = _registered.get(name)
+        if current is not None and current.origin != REGISTERED:
+            current = None  # an entry point's: code in this process wins over it
+        builtin = BACKENDS.get(name)
+        if current is not None and _same(current.factory, factory):
+            return
+        if current is None and builtin is not None and _same(builtin[0], factory):
+            return
+        if (current is not None or builtin is not None) and not clobber:
+            taken = current.describe() if current is not None else f"{name}:// (built-in)"
+            raise ConfigError(
+                f"{taken} is registered already; register_backend(..., clobber=True) replaces it"
+            )
+        if builtin is not None and _same(builtin[0], factory):
+            _registered.pop(name, None)  # the built-in again
+        else:
+            _registered[name] = Backend(name, factory, origin=REGISTERED)
+
+
+def _scan_entry_points() -> None:
+    """Register the ``plancache.backends`` entry points, once per state of ``sys.path``.
+    Malformed ones and those naming a scheme already served are skipped with a warning
+    (a scheme registered in this process wins silently)."""
+    global _scanned_path
+    path = tuple(sys.path)
+    if _scanned_path == path:
+        return
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    with _lock:
+        _scanned_path = path
+        for ep in found:
+            dist = getattr(ep, "dist", None)
+            origin = "entry point" + (f" of {dist.name} {dist.version}" if dist else "")
+            if not _SCHEME.fullmatch(ep.name) or not _TARGET.fullmatch(ep.value.strip()):
+                log.warning(
+                    "plancache: %s %s = %r skipped: a scheme and 'module:attr' expected",
+                    origin,
+                    ep.name,
+                    ep.value,
+                )
+                continue
+            scheme, target = ep.name.lower(), ep.value.strip()
+            current = _registered.get(scheme)
+            if current is not None:
+                if current.origin != REGISTERED and not _same(current.factory, target):
+                    log.warning(
+                        "plancache: %s %s = %s skipped: %s serves it",
+                        origin,
+                        scheme,
+                        target,
+                        current.describe(),
+                    )
+                continue
+            if scheme in BACKENDS:
+                log.warning(
+                    "plancache: %s %s = %s skipped: %s:// is built in "
+                    "(register_backend(..., clobber=True) replaces it)",
+                    origin,
+                    scheme,
+                    target,
+                    scheme,
+                )
+                continue
+            _registered[scheme] = Backend(scheme, target, origin=origin)
+
+
+def _backend(scheme: str) -> Backend | None:
+    """What serves ``scheme`` (see the module), or None where only fsspec might."""
+    for attempt in range(2):
+        with _lock:
+            if scheme in _registered:
+                return _registered[scheme]
+            if scheme in BACKENDS:
+                target, extra = BACKENDS[scheme]
+                return Backend(scheme, target, extra)
+        if attempt == 0:
+            _scan_entry_points()
+    return None
+
+
 def _supported() -> str:
-    return ", ".join(f"{s}://" for s in sorted(BACKENDS)) + ", memory:// and other fsspec protocols"
+    with _lock:
+        schemes = sorted(set(BACKENDS) | set(_registered))
+    return ", ".join(f"{s}://" for s in schemes) + ", memory:// and other fsspec protocols"
 
 
-def _load(target: str, extra: str | None, scheme: str) -> Callable[..., PlanStore]:
-    module_name, _, cls_name = target.partition(":")
+def _load(backend: Backend) -> Factory:
+    """The backend's factory, imported where it is a ``"module:attr"`` path; else
+    ``MissingExtraError`` (a built-in's client library) or ``UnsupportedStoreError``."""
+    if not isinstance(backend.factory, str):
+        return backend.factory
+    target, scheme, extra = backend.factory, backend.scheme, backend.extra
+    module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if extra is None or (exc.name or "").startswith("plancache"):
-            raise
-        raise MissingExtraError(
-            f"{scheme}:// stores need {exc.name!r}: pip install 'plancache[{extra}]'", cause=exc
+        if backend.origin == "built-in":
+            if extra is None or (exc.name or "").startswith("plancache"):
+                raise
+            raise MissingExtraError(
+                f"{scheme}:// stores need {exc.name!r}: pip install 'plancache[{extra}]'",
+                cause=exc,
+            ) from exc
+        raise UnsupportedStoreError(
+            f"{backend.describe()} cannot be imported: {exc}", cause=exc
         ) from exc
-    cls: Callable[..., PlanStore] = getattr(module, cls_name)
-    return cls
+    except Exception as exc:
+        raise UnsupportedStoreError(
+            f"{backend.describe()} cannot be imported: {type(exc).__name__}: {exc}", cause=exc
+        ) from exc
+    obj: object = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as exc:
+        raise UnsupportedStoreError(
+            f"{backend.describe()} cannot be imported: {module_name} has no {attr!r}", cause=exc
+        ) from exc
+    if not callable(obj):
+        raise UnsupportedStoreError(
+            f"{backend.describe()} is a {type(obj).__qualname__}, not a callable"
+        )
+    factory: Factory = obj
+    return factory
 
 
 def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     """Open the store a URL names: a local path or ``file://`` URL, ``s3://bucket/prefix``,
-    ``gs://bucket/prefix``, or another fsspec URL. None means the local default directory.
+    ``gs://bucket/prefix``, a scheme registered with ``register_backend`` or the
+    ``plancache.backends`` entry points, or another fsspec URL. None means the local default
+    directory.
 
     This is the bare backend: it honours none of the ``PLANCACHE_*`` settings (no local tier,
     no signing keys, no read-only mode). ``PlanCache.from_env()`` and
     ``plancache._config.Settings.from_env().open_store()`` honour all of them.
 
     Raises ``UnsupportedStoreError`` (a ``ValueError``) for an unknown scheme or a missing
-    extra or package, naming the supported schemes or the ``pip install`` that fixes it.
+    extra or package, naming the supported schemes or the ``pip install`` that fixes it, and
+    for a registered backend that cannot be imported or returns no ``ObjectLayer``, naming it.
     """
     from plancache._backends.local import LocalStore
 
@@ -73,22 +307,32 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
             )
         return LocalStore(None if url is None else _local_path(url))
     scheme = _scheme(url)
-    if scheme in BACKENDS:
-        target, extra = BACKENDS[scheme]
-    else:
+    backend = _backend(scheme)
+    if backend is None:
         from fsspec.registry import known_implementations, registry
 
         if scheme not in known_implementations and scheme not in registry:
             raise UnknownSchemeError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
-        target, extra = GENERIC, None
-    cls = _load(target, extra, scheme)
+        backend = Backend(scheme, GENERIC)
+    factory = _load(backend)
+    secrets = list(secret_values({"url": url, **storage_options}))
     try:
-        return cls(url, **storage_options)
+        made = factory(url, **storage_options)
     except ImportError as exc:  # fsspec loads a protocol's package only now
         raise _missing_package(scheme, exc) from exc
     except Exception as exc:  # whatever the client raised, it carries no secret out
-        scrub_exception(exc, secret_values({"url": url, **storage_options}))
+        scrub_exception(exc, secrets)
         raise
+    if isinstance(made, PlanStore):
+        return made
+    if not isinstance(made, ObjectLayer):
+        raise UnsupportedStoreError(
+            f"{backend.describe()} returned a {type(made).__qualname__}, not a "
+            "plancache.ObjectLayer"
+        )
+    from plancache._backends.layer import LayerStore
+
+    return LayerStore(made, backend.describe(), secrets)
 
 
 def _missing_package(scheme: str, exc: ImportError) -> MissingExtraError:
