@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     files = report.outputs(args.out)
     start = time.monotonic()
-    results: dict[str, Any] = {"machine": machine.describe(), "stores": {}}
+    results: dict[str, Any] = {**report.provenance(), "machine": machine.describe(), "stores": {}}
     with console.Run(files["log"]) as run:
         _measure(run, args, results)
         results["stages"] = run.stages

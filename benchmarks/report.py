@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 from benchmarks import compile_share, plugin_costs, rollout
 
 PLOT = "plot"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _us(p: dict[str, Any]) -> str:
@@ -148,6 +151,31 @@ def hit_ratios(results: dict[str, Any]) -> dict[str, float]:
         for backend, figures in stores.items()
         if isinstance(figures.get("lookup_hit"), dict) and figures["lookup_hit"].get("n")
     }
+
+
+def provenance(repo: Path = REPO) -> dict[str, str | None]:
+    """Which run ``results.json`` holds: ``date`` (UTC, now: call it when the run starts) and
+    ``commit`` (the checkout's short hash, with ``-dirty`` where tracked files differ from
+    it; None outside a git checkout). ``benchmarks.figures`` quotes both."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    try:
+        head = git("rev-parse", "--short=7", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return {"date": date, "commit": None}
+    if head.returncode != 0:
+        return {"date": date, "commit": None}
+    dirty = "-dirty" if changed.returncode != 0 or changed.stdout.strip() else ""
+    return {"date": date, "commit": head.stdout.strip() + dirty}
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:
