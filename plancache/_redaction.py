@@ -121,6 +121,12 @@ def scrub_exception(exc: BaseException, secrets: Iterable[str] = ()) -> BaseExce
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        if isinstance(e, OSError):  # its text is made of these, not of its args
+            for attr in ("strerror", "filename", "filename2"):
+                value = getattr(e, attr)
+                if isinstance(value, str):
+                    setattr(e, attr, scrub(value, secrets))
+            e.args = tuple(scrub(a, secrets) if isinstance(a, str) else a for a in e.args)
         try:
             text = str(e)
         except Exception:  # a broken __str__ is no reason to fail

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from plancache._redaction import MASK, redact, scrub, secret_values, without_userinfo
+import traceback
+
+from plancache._redaction import (
+    MASK,
+    redact,
+    scrub,
+    scrub_exception,
+    secret_values,
+    without_userinfo,
+)
 
 OPTIONS = {
     "endpoint_url": "http://127.0.0.1:9000",
@@ -40,3 +49,20 @@ def test_without_userinfo() -> None:
     assert without_userinfo("s3://bucket/p") == "s3://bucket/p"
     assert without_userinfo("s3://bucket") == "s3://bucket"
     assert without_userinfo("/local/a@b") == "/local/a@b"
+
+
+def test_scrub_exception_masks_an_os_errors_text_and_its_causes() -> None:
+    """An ``OSError`` with an errno is printed from its strerror and file names, not its
+    args: each is scrubbed, and so is every exception it was raised from."""
+    secret = "wJalrXUtnFEMI"
+    try:
+        try:
+            raise OSError(13, f"denied for {secret}", f"/keys/{secret}", None, f"/b/{secret}")
+        except OSError as inner:
+            raise RuntimeError(f"store {secret}") from inner
+    except RuntimeError as exc:
+        scrubbed = scrub_exception(exc, [secret])
+    text = "".join(traceback.format_exception(scrubbed))
+    assert secret not in text
+    assert f"[Errno 13] denied for {MASK}: '/keys/{MASK}' -> '/b/{MASK}'" in text
+    assert isinstance(scrubbed.__cause__, OSError) and scrubbed.__cause__.errno == 13
