@@ -43,18 +43,15 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts.share import ArtifactStore
 from plancache._background import Job
-from plancache._keys import fingerprint
+from plancache.caches import GeneratedCache, directory_cache, triton_cache
 from plancache.integrations.vllm import compile
 from plancache.integrations.vllm.apply import safely
 
@@ -65,19 +62,9 @@ READY = "compile_or_warm_up_model"
 MARK = "__plancache_caches__"
 
 
-@dataclass(frozen=True)
-class Cache:
-    """One shared cache on this node: its kind, where it is kept and its scope (the sha256
-    of the factors its files are valid under)."""
-
-    kind: str
-    root: Path
-    scope: str
-
-
 _lock = threading.Lock()
 _fetching: Job[None] | None = None
-_known: dict[Cache, set[str]] = {}
+_known: dict[GeneratedCache, set[str]] = {}
 """The paths the bundles read at the fetch list, per cache."""
 _ready = False
 
@@ -112,8 +99,10 @@ def patch_worker(module: ModuleType) -> bool:
     return True
 
 
-def caches() -> list[Cache]:
-    """The caches shared on this node: those whose library is installed here."""
+def caches() -> list[GeneratedCache]:
+    """The caches shared on this node: those whose library is installed here, described
+    as any program describes them (``plancache.caches``: the same kinds and scopes, so
+    that a Triton kernel bundled here serves the Triton cache manager too)."""
     out = []
     for make in (_triton, _flashinfer_autotune):
         try:
@@ -134,7 +123,9 @@ def _version(package: str) -> str | None:
 
 
 def _device() -> str:
-    """The GPU this process runs on, as vLLM's platform names it ("none" without one)."""
+    """The GPU this process runs on, as vLLM's platform names it ("none" without one):
+    ``"<name> sm_<major><minor>"`` as ``plancache.caches.device`` gives it, but read through
+    NVML as vLLM reads it, so that no CUDA context is created from the fetch's thread."""
     from vllm.platforms import current_platform
 
     capability = current_platform.get_device_capability()
@@ -143,25 +134,22 @@ def _device() -> str:
     return f"{current_platform.get_device_name()} sm_{capability.to_int()}"
 
 
-def _triton() -> Cache | None:
-    version = _version("triton")
-    if version is None:
+def _triton() -> GeneratedCache | None:
+    if _version("triton") is None:
         return None
-    root = Path(os.environ.get("TRITON_CACHE_DIR") or "~/.triton/cache").expanduser()
-    scope = fingerprint({"cache": "triton", "triton": version, "device": _device()})
-    return Cache("triton", root, scope)
+    return triton_cache(gpu=_device())
 
 
-def _flashinfer_autotune() -> Cache | None:
+def _flashinfer_autotune() -> GeneratedCache | None:
     version = _version("flashinfer-python")
     if version is None:
         return None
     from vllm.model_executor.warmup.flashinfer_autotune_cache import flashinfer_autotune_root
 
     root = flashinfer_autotune_root()
-    factors = {"cache": "flashinfer_autotune", "flashinfer": version, "device": _device()}
+    factors = {"flashinfer": version, "device": _device()}
     factors["workspace"] = f"{root.parent.name}/{root.name}"
-    return Cache("flashinfer_autotune", root, fingerprint(factors))
+    return directory_cache("flashinfer_autotune", root, factors)
 
 
 def start_fetch() -> Job[None] | None:
@@ -217,7 +205,7 @@ def _upload_all(earlier: list[Job[object]]) -> None:
         _upload(artifacts, cache)
 
 
-def _upload(artifacts: ArtifactStore, cache: Cache) -> None:
+def _upload(artifacts: ArtifactStore, cache: GeneratedCache) -> None:
     start = time.monotonic()
     with _lock:
         known = frozenset(_known.get(cache, ()))
