@@ -62,6 +62,7 @@ class _Alias(importlib.abc.Loader):
 
     def __init__(self, new: str) -> None:
         self.new = new
+        self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
@@ -71,10 +72,15 @@ class _Alias(importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self.spec = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """The module at the new path is executed already."""
+        """The module at the new path is executed already; only its own spec is put back
+        (the import system has just set the old path's on it), so that its ``__spec__``,
+        ``importlib.reload`` and pickling by module name keep naming the new path."""
+        module.__spec__ = self.spec
 
 
 class _Finder(importlib.abc.MetaPathFinder):
