@@ -20,6 +20,7 @@ from plancache._backends.local import LocalStore
 from plancache._backends.tiered import UNSHARED_PREFIX, TieredStore
 from plancache._config import Settings
 from plancache._keys import plan_object_name
+from plancache._signing import MIN_KEY_CHARS, Keyring
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 from plancache.testing import FACTORS, GiB, StoreContract, make_plan
 from plancache.testing.contract import StoreFactory, WriteRaw
@@ -325,3 +326,40 @@ def test_a_plan_the_remote_missed_is_offered_again_by_a_later_boot(
         healthy.reset()
         assert later.offer_unshared() == 0 and later.get(plan.fingerprint) == plan
         assert healthy.requests == []  # nothing marked, a local hit: no request
+
+
+def test_a_mark_that_cannot_be_shared_holds_back_no_other(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first mark (in listing order) points at a plan kept unsigned before the fleet
+    adopted a key: it is logged and kept; the signed plans marked after it are shared."""
+    key = "k" * MIN_KEY_CHARS
+    plans = sorted(
+        (make_plan(factors={**FACTORS, "model": f"m{i}"}) for i in range(4)),
+        key=lambda p: p.fingerprint,
+    )
+    before, signing = LocalStore(tmp_path / "tier"), LocalStore(tmp_path / "tier")
+    signing.use_keyring(Keyring(key))
+    for i, plan in enumerate(plans):
+        (before if i == 0 else signing).put(plan)
+        signing.write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
+    remote = LocalStore(tmp_path / "remote")
+    store = TieredStore(remote, local=LocalStore(tmp_path / "tier"))
+    store.use_keyring(Keyring(key))
+    with caplog.at_level(logging.INFO, logger="plancache"):
+        assert store.offer_unshared() == 3
+    assert [remote.get(p.fingerprint) is not None for p in plans] == [False, True, True, True]
+    marks = list(LocalStore(tmp_path / "tier").list_objects(UNSHARED_PREFIX))
+    assert marks == [UNSHARED_PREFIX + plans[0].fingerprint]
+    assert f"the plan {plans[0].fingerprint[:12]} this node kept is not shared" in caplog.text
+    # a remote that does not answer ends the round at its first offer and keeps every mark
+    silent = open_store("s3://bucket/p", endpoint_url="http://127.0.0.1:9", key="k", secret="s")
+    store = TieredStore(silent, local=LocalStore(tmp_path / "tier"))
+    store.use_keyring(Keyring(key))
+    signing.write_object(UNSHARED_PREFIX + plans[1].fingerprint, [b""])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="plancache"):
+        assert store.offer_unshared() == 0
+    assert "plans not shared yet stay marked: PlanStoreUnavailableError" in caplog.text
+    assert plans[1].fingerprint[:12] not in caplog.text  # not tried as one mark's failure
+    assert len(list(LocalStore(tmp_path / "tier").list_objects(UNSHARED_PREFIX))) == 2

@@ -21,6 +21,7 @@ artifacts) reach the local tier as ``local``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -31,7 +32,12 @@ from plancache._objects import CREATE, WriteMode
 from plancache._plan import Plan
 from plancache._signing import Keyring
 from plancache._store import ForwardingStore, PlanStore, Put
-from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.errors import (
+    InvalidPlanError,
+    PlanStoreError,
+    PlanStoreReadOnlyError,
+    PlanStoreUnavailableError,
+)
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
@@ -45,6 +51,8 @@ UNSHARED_PREFIX = "unshared_"
 """The local tier's marks of plans not written to the remote yet."""
 MAX_OFFERS = 64
 """Most marked plans one warm offers to the remote (the rest: a later boot)."""
+MAX_MARKS = 16 * MAX_OFFERS
+"""Most marks one warm reads (those past it: once earlier ones are shared or gone)."""
 
 
 class TieredStore(ForwardingStore):
@@ -139,21 +147,41 @@ class TieredStore(ForwardingStore):
             background.start(self.offer_unshared, "plancache-offer")
 
     def offer_unshared(self) -> int:
-        """Write to the remote (merged) each plan the local tier marks as not shared yet (at
-        most ``MAX_OFFERS``), removing its mark once written; how many were. Never raises."""
+        """Write to the remote (merged) each plan the local tier marks as not shared yet, one
+        by one (at most ``MAX_OFFERS`` written, ``MAX_MARKS`` marks read), removing each mark
+        once its plan is written. A mark whose plan cannot be read or written (a record kept
+        unsigned before the fleet adopted a key, one the remote rejects) is logged and kept
+        for a later boot, and holds back no other; a remote that does not answer or refuses
+        writes ends the round (a later boot). How many were written. Never raises."""
+        assert self.local is not None
         shared = 0
         try:
-            assert self.local is not None
-            marks = [n for n in self.local.list_objects(UNSHARED_PREFIX)][:MAX_OFFERS]
-            for name in marks:
-                fp = name[len(UNSHARED_PREFIX) :]
+            marks = list(itertools.islice(self.local.list_objects(UNSHARED_PREFIX), MAX_MARKS))
+        except Exception as exc:
+            log.info("plancache: plans not shared yet: marks not listed: %s", exc)
+            return 0
+        for name in marks:
+            if shared >= MAX_OFFERS:
+                break
+            fp = name[len(UNSHARED_PREFIX) :]
+            try:
                 plan = self.local.get(validate_key(fp)) if _is_key(fp) else None
                 if plan is not None:
                     self.remote.put_merged(plan)
                     shared += 1
                 self.local.delete_object(name)
-        except Exception as exc:  # the store is still slow or broken: a later boot
-            log.info("plancache: plans not shared yet stay marked: %s: %s", type(exc).__name__, exc)
+            except (PlanStoreUnavailableError, PlanStoreReadOnlyError) as exc:  # a later boot
+                log.info(
+                    "plancache: plans not shared yet stay marked: %s: %s", type(exc).__name__, exc
+                )
+                break
+            except Exception as exc:
+                log.warning(
+                    "plancache: the plan %s this node kept is not shared (its mark stays): %s: %s",
+                    fp[:12],
+                    type(exc).__name__,
+                    exc,
+                )
         if shared:
             log.info("plancache: %d plan(s) this node kept are now in %s", shared, self.remote.url)
         return shared
