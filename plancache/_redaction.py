@@ -138,6 +138,16 @@ def scrub_exception(exc: BaseException, secrets: Iterable[str] = ()) -> BaseExce
     return exc
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that ``str.isprintable`` rejects (control and format
+    characters, separators other than the space: what could move the cursor, clear the
+    screen, set a title or reorder text) written as its escape: ``\\x1b``, ``\\r``,
+    ``\\u202e``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def without_userinfo(url: str) -> str:
     """``url`` without ``user:password@``."""
     scheme, sep, rest = url.partition("://")

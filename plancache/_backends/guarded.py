@@ -47,6 +47,7 @@ import hashlib
 import logging
 import os
 import random
+import stat
 import tempfile
 import threading
 import time
@@ -60,10 +61,11 @@ from plancache import _background as background
 from plancache._backends import open_store
 from plancache._backends._remote import RemoteStore
 from plancache._background import Job
+from plancache._neighbours import OddFileError, read_file
 from plancache._objects import CREATE, Update, WriteMode
 from plancache._plan import Plan
 from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
-from plancache._redaction import scrub
+from plancache._redaction import printable, scrub
 from plancache._store import ForwardingStore, PlanStore, Put
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError, PlanStoreUnavailableError
 from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreconditionsError
@@ -102,30 +104,55 @@ _KEPT = (StoreVerdict.HONEST, StoreVerdict.LIES)
 
 class VerdictCache:
     """Verdicts of stores, one JSON file each in ``directory``, fresh for ``ttl`` seconds.
-    Fail-open: a file that cannot be read or written is no verdict."""
+    Fail-open: a file that cannot be read or written is no verdict. Only this user's are
+    taken (``plancache._neighbours``: the directory and the file owned by this user or root
+    and writable by no one else, regular, at most ``SHARED_LIMIT`` bytes); another's is no
+    verdict (one warning), so a neighbour can neither stop this node's writes nor stall it."""
 
     def __init__(self, directory: Path, ttl: float = VERDICT_TTL_S) -> None:
         self.directory = directory
         self.ttl = ttl
+        self._warned = False
 
-    def _path(self, identity: str) -> Path:
-        return self.directory / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+    def _name(self, identity: str) -> str:
+        return f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
 
     def load(self, identity: str) -> tuple[ProbeResult, float] | None:
         """The fresh verdict cached for ``identity`` and its age in seconds, or None."""
+        relative = f"{self.directory.name}/{self._name(identity)}"
         try:
-            data = orjson.loads(self._path(identity).read_bytes())
-            result = ProbeResult(StoreVerdict(data["verdict"]), data["step"], str(data["detail"]))
+            read = read_file(self.directory.parent, relative, SHARED_LIMIT)
+            if read is None:
+                return None
+            if read.foreign is not None:
+                self._refuse(read.foreign)
+                return None
+            data = orjson.loads(read.data)
+            result = ProbeResult(StoreVerdict(data["verdict"]), data["step"], _detail(data))
             age = time.time() - float(data["at"])
+        except OddFileError as exc:
+            self._refuse(str(exc))
+            return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if result.verdict not in _KEPT or not 0 <= age < self.ttl:
+        if result.verdict not in _KEPT or not isinstance(result.step, str | None):
             return None
-        return result, age
+        return (result, age) if 0 <= age < self.ttl else None
+
+    def _refuse(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "plancache: cached conformance verdicts in %s not used: %s (the store is "
+                "probed instead)",
+                self.directory,
+                printable(why),
+            )
 
     def save(self, identity: str, store: str, result: ProbeResult, at: float | None = None) -> None:
-        """Cache ``result``, found at ``at`` (default: now), atomically (a temp file renamed);
-        failures are logged."""
+        """Cache ``result``, found at ``at`` (default: now), atomically (a temp file renamed)
+        in a directory only this user may write (made so where this user owns it); failures
+        are logged."""
         record = {
             "store": store,
             "verdict": result.verdict.value,
@@ -134,17 +161,29 @@ class VerdictCache:
             "at": time.time() if at is None else at,
         }
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(self.directory, follow_symlinks=False)
+            if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(self.directory, 0o700, follow_symlinks=False)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".verdict-", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(orjson.dumps(record))
-                os.replace(tmp, self._path(identity))
+                os.replace(tmp, self.directory / self._name(identity))
             except BaseException:
                 os.unlink(tmp)
                 raise
         except OSError as exc:
             log.warning("plancache: conformance verdict not cached in %s: %s", self.directory, exc)
+
+
+MAX_DETAIL_CHARS = 500
+"""A verdict's detail as logged: at most this many characters, control characters escaped."""
+
+
+def _detail(record: Mapping[str, Any]) -> str:
+    """The detail of a verdict record read from a file or the store, safe to log."""
+    return printable(str(record["detail"]))[:MAX_DETAIL_CHARS]
 
 
 def identity(store: RemoteStore) -> str:
@@ -375,9 +414,7 @@ class GuardedStore(ForwardingStore):
         try:
             self.store.keyring.check_foreign(found[0])
             record = orjson.loads(found[0])
-            result = ProbeResult(
-                StoreVerdict(record["verdict"]), record["step"], str(record["detail"])
-            )
+            result = ProbeResult(StoreVerdict(record["verdict"]), record["step"], _detail(record))
             at, mine = float(record["at"]), record["endpoint"] == _endpoint_id(ident)
         except Exception as exc:  # unreadable, unsigned where keys are set: this node probes
             log.debug("plancache: %s: shared verdict not taken: %s", self.url, scrub(str(exc)))

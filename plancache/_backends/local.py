@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plancache._defaults import default_dir
+from plancache._neighbours import NO_FOLLOW, foreign, kind
 from plancache._objects import CREATE, Opened, Update, WriteMode, check_name
 from plancache._store import READ_LIMIT, PlanStore
 from plancache.errors import (
@@ -53,23 +54,7 @@ TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".startup_plan.lock"
 STALE_TEMP_SECONDS = 3600.0
 LOCK_MODE = 0o664
-_NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 log = logging.getLogger("plancache")
-
-
-def _kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _odd(path: str) -> os.stat_result | None:
@@ -131,19 +116,13 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 def foreign_writers(directory: Path, st: os.stat_result) -> str | None:
     """Why users other than this one (or root) could have written the file ``st`` (an
     ``fstat``) in ``directory``: the file or the directory is owned by another user, or the
-    group or others may write it; None if only this user or root could. The crash marks'
-    rule, for every kind that is loaded as code."""
-    me = os.geteuid()
+    group or others may write it (``plancache._neighbours.foreign``); None if only this
+    user or root could. The crash marks' rule, for every kind that is loaded as code."""
     try:
         dir_st = os.stat(directory)
     except OSError as exc:
         return f"{directory}: cannot stat ({exc.strerror or exc})"
-    for what, s in (("directory " + str(directory), dir_st), ("its file", st)):
-        if s.st_uid not in (me, 0):
-            return f"{what} is owned by uid {s.st_uid}"
-        if s.st_mode & 0o022:
-            return f"{what} is writable by its group or others (mode {stat.S_IMODE(s.st_mode):04o})"
-    return None
+    return foreign(dir_st, f"directory {directory}") or foreign(st, "its file")
 
 
 def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
@@ -186,7 +165,7 @@ class LocalStore(PlanStore):
         for an entry that is not a regular file."""
         path = self._dir + check_name(name)
         try:
-            fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
+            fd = os.open(path, os.O_RDONLY | NO_FOLLOW)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -195,7 +174,7 @@ class LocalStore(PlanStore):
             odd = _odd(path) if exc.errno in (errno.ELOOP, errno.ENXIO) else None
             if odd is not None:
                 raise InvalidPlanError(
-                    f"{path} is {_kind(odd.st_mode)}, not a stored object"
+                    f"{path} is {kind(odd.st_mode)}, not a stored object"
                 ) from None
             raise _store_error(Path(path), "read", exc) from exc
         try:
@@ -205,7 +184,7 @@ class LocalStore(PlanStore):
             raise _store_error(Path(path), "read", exc) from exc
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise InvalidPlanError(f"{path} is {_kind(st.st_mode)}, not a stored object")
+            raise InvalidPlanError(f"{path} is {kind(st.st_mode)}, not a stored object")
         return fd, st
 
     def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
@@ -337,7 +316,7 @@ class LocalStore(PlanStore):
             now = _odd(path)
             if now is None or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
                 return False
-            log.warning("plancache: replacing %s, which is %s", path, _kind(now.st_mode))
+            log.warning("plancache: replacing %s, which is %s", path, kind(now.st_mode))
             with contextlib.suppress(FileNotFoundError):
                 _remove(path)
         return True
@@ -375,7 +354,7 @@ class LocalStore(PlanStore):
 
     def _open_lock(self, lock: str) -> int:
         try:
-            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | _NO_FOLLOW, LOCK_MODE)
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | NO_FOLLOW, LOCK_MODE)
         except FileNotFoundError:
             raise PlanStoreNotFoundError(f"{self.root}: directory does not exist") from None
         except OSError as exc:

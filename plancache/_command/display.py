@@ -15,18 +15,10 @@ from typing import TextIO
 
 import orjson
 
+from plancache._redaction import printable
+
 PROGRESS_MIN = 20
 """Work on more items than this shows a progress bar."""
-
-
-def printable(text: str) -> str:
-    """``text`` with every character that ``str.isprintable`` rejects (control and format
-    characters, separators other than the space: what could move the cursor, clear the
-    screen, set a title or reorder text) written as its escape: ``\\x1b``, ``\\r``,
-    ``\\u202e``."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def echo(line: str = "", *, file: TextIO | None = None) -> None:

@@ -1,0 +1,149 @@
+"""Files another local user could have written, read one way (no I/O libraries).
+
+A node's directories can be shared: a hostPath with umask 002, a group that may write
+``VLLM_CACHE_ROOT`` or ``TRITON_CACHE_DIR``. Every read here of such a file (the cached
+conformance verdicts, the local tier's marks and the records they point to) holds:
+
+- **regular files only**: each component below the anchor (a configured directory, whose
+  own path may be a link) is opened relative to its parent's descriptor with
+  ``O_NOFOLLOW`` (``O_DIRECTORY`` for a directory, ``O_NONBLOCK`` for the file): a link,
+  FIFO, device or socket is refused (``OddFileError``), never followed or waited on;
+- **judged on what was opened**: the ``fstat`` of each descriptor, never a path re-resolved
+  after it was judged, says whether another user could have written it (``foreign``: owned
+  by a user other than this one or root, or writable by its group or others), every
+  directory below the anchor on the way and the file alike (the anchor is the
+  configuration's: a neighbour who may write it can replace what it holds, never with a
+  directory or file owned by this user);
+- **bounded**: at most ``limit`` bytes are read (a longer file is refused, ``limit + 1``
+  bytes read).
+
+What a foreign file is worth is the caller's decision (a verdict, a mark: nothing; a signed
+record: its signature), made from ``Read.foreign``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""Flags of every open of a file another user could have written."""
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class OddFileError(OSError):
+    """A path that is not a regular file where one was expected, or one over the limit."""
+
+
+def kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words ("a regular file", "a FIFO", ...)."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def foreign(st: os.stat_result, what: str) -> str | None:
+    """Why users other than this one (or root) could have written ``what`` (its ``fstat``:
+    owned by another user, or writable by its group or others); None if none could."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{what} is owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"{what} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+@dataclass(frozen=True)
+class Read:
+    """A file read: its bytes, its ``fstat``, and why another user could have written it or
+    a directory on its way (None: no one could)."""
+
+    data: bytes
+    st: os.stat_result
+    foreign: str | None
+
+
+@contextlib.contextmanager
+def _opened(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_at(parent: int, name: str, flags: int, where: Path) -> int | None:
+    """``name`` opened in directory ``parent`` with ``flags`` (``NO_FOLLOW`` among them);
+    None if absent. Raises ``OddFileError`` for a link, or a FIFO or device where the flags
+    refuse it, else ``OSError``."""
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            raise
+        try:
+            st = os.lstat(name, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not opened", str(where)) from None
+
+
+def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
+    """The file at ``relative`` (``/``-separated, no ``..``) below the directory ``anchor``,
+    read by the module's rules; None if it or a directory on its way is absent. Raises
+    ``OddFileError`` (not a regular file, a link on the way, over ``limit`` bytes) or
+    ``OSError``."""
+    parts = relative.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a relative path below the anchor: {relative!r}")
+    try:
+        fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    where = anchor
+    why = None
+    for i, part in enumerate(parts):
+        with _opened(fd):
+            if i:
+                why = why or foreign(os.fstat(fd), f"directory {where}")
+            where = where / part
+            last = i == len(parts) - 1
+            child = _open_at(fd, part, os.O_RDONLY | NO_FOLLOW if last else _DIRECTORY, where)
+        if child is None:
+            return None
+        fd = child
+    with _opened(fd):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file", str(where))
+        data = _read(fd, limit + 1)
+    if len(data) > limit:
+        raise OddFileError(errno.EFBIG, f"over {limit} bytes", str(where))
+    return Read(data, st, why or foreign(st, f"file {where}"))
+
+
+def _read(fd: int, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``fd``, to its end."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = os.read(fd, min(limit - got, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)

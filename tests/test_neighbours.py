@@ -1,0 +1,145 @@
+"""What another local user could have written: read one way (``plancache._neighbours``), and
+the conformance verdicts a neighbour plants in the node's cache directory taken as no
+verdict (the node probes), never waited on, never read without end, never logged raw."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plancache._backends.guarded import VerdictCache
+from plancache._neighbours import OddFileError, read_file
+from plancache._probe import ProbeResult, StoreVerdict
+
+OTHER_UID = 65534
+"""A user other than this one (``nobody``)."""
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another uid")
+IDENT = "s3://b/p\nhttp://e"
+LIES = ProbeResult(StoreVerdict.LIES, "create-existing", "a create of an existing key succeeded")
+
+
+def test_a_regular_file_of_this_user_is_read_and_judged(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir(mode=0o700)
+    (tmp_path / "d" / "f").write_bytes(b"x" * 10)
+    read = read_file(tmp_path, "d/f", 10)
+    assert read is not None and read.data == b"x" * 10 and read.foreign is None
+    assert read_file(tmp_path, "d/absent", 10) is None
+    assert read_file(tmp_path, "absent/f", 10) is None
+    with pytest.raises(OddFileError, match="over 9 bytes"):
+        read_file(tmp_path, "d/f", 9)
+    with pytest.raises(ValueError):
+        read_file(tmp_path, "d/../d/f", 10)
+
+
+def test_links_fifos_and_devices_are_refused_never_followed_or_waited_on(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "f").write_bytes(b"secret")
+    os.symlink(tmp_path / "real" / "f", tmp_path / "link")
+    os.symlink(tmp_path / "real", tmp_path / "dirlink")
+    os.symlink("/dev/zero", tmp_path / "zero")
+    os.mkfifo(tmp_path / "fifo")
+    for relative, what in [
+        ("link", "a symbolic link"),
+        ("dirlink/f", "a symbolic link"),
+        ("zero", "a symbolic link"),
+        ("fifo", "a FIFO"),
+    ]:
+        start = time.monotonic()
+        with pytest.raises(OddFileError, match=what):
+            read_file(tmp_path, relative, 1 << 20)
+        assert time.monotonic() - start < 1.0
+
+
+@as_root
+def test_what_another_user_could_have_written_is_named(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir(mode=0o700)
+    (tmp_path / "d" / "f").write_bytes(b"{}")
+    os.chown(tmp_path / "d" / "f", OTHER_UID, -1)
+    read = read_file(tmp_path, "d/f", 10)
+    assert read is not None and read.foreign == f"file {tmp_path}/d/f is owned by uid {OTHER_UID}"
+    os.chown(tmp_path / "d" / "f", 0, -1)
+    os.chmod(tmp_path / "d", 0o775)
+    read = read_file(tmp_path, "d/f", 10)
+    assert read is not None and read.foreign is not None
+    assert read.foreign.startswith(f"directory {tmp_path}/d is writable by its group or others")
+    # the anchor is the configuration's: a group-writable one does not make what is below
+    # it foreign (a neighbour can replace what it holds, never with this user's files)
+    os.chmod(tmp_path / "d", 0o700)
+    os.chmod(tmp_path, 0o775)
+    read = read_file(tmp_path, "d/f", 10)
+    assert read is not None and read.foreign is None
+
+
+def _plant(cache: VerdictCache, data: bytes) -> Path:
+    """Save a real verdict, then put ``data`` in its file's place; the file's path."""
+    cache.save(IDENT, "s3://b/p", LIES)
+    (path,) = [p for p in cache.directory.iterdir() if p.suffix == ".json"]
+    path.write_bytes(data)
+    return path
+
+
+@as_root
+def test_a_verdict_another_user_planted_is_no_verdict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A planted ``lies`` stopped every remote write for a day; now the node probes."""
+    cache = VerdictCache(tmp_path / "conformance")
+    record = {"verdict": "lies", "step": "x", "detail": "planted", "at": time.time()}
+    path = _plant(cache, json.dumps(record).encode())
+    assert cache.load(IDENT) is not None  # this user's: taken
+    os.chown(path, OTHER_UID, -1)
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        assert cache.load(IDENT) is None
+        assert cache.load(IDENT) is None
+    assert caplog.text.count("cached conformance verdicts in") == 1
+    assert f"owned by uid {OTHER_UID}" in caplog.text
+
+
+def test_a_fifo_or_a_link_to_a_device_is_no_verdict_at_once(tmp_path: Path) -> None:
+    """A FIFO made every write wait 11 s and left a probe thread blocked; a link to
+    /dev/zero read 1.9 GiB."""
+    cache = VerdictCache(tmp_path / "conformance")
+    path = _plant(cache, b"")
+    path.unlink()
+    os.mkfifo(path)
+    results: list[object] = []
+    reader = threading.Thread(target=lambda: results.append(cache.load(IDENT)), daemon=True)
+    reader.start()
+    reader.join(2.0)
+    assert not reader.is_alive() and results == [None]
+    path.unlink()
+    os.symlink("/dev/zero", path)
+    assert cache.load(IDENT) is None
+
+
+def test_a_verdicts_detail_is_logged_escaped_and_cut(tmp_path: Path) -> None:
+    cache = VerdictCache(tmp_path / "conformance")
+    forged = "x\nplancache: forged line\x1b[2J" + "y" * 2000
+    record = {"verdict": "lies", "step": "x", "detail": forged, "at": time.time()}
+    _plant(cache, json.dumps(record).encode())
+    found = cache.load(IDENT)
+    assert found is not None
+    assert "\n" not in found[0].detail and "\x1b" not in found[0].detail
+    assert found[0].detail.startswith("x\\nplancache: forged line\\x1b[2J")
+    assert len(found[0].detail) == 500
+
+
+def test_the_verdicts_directory_is_made_this_users_alone(tmp_path: Path) -> None:
+    """Created 0775 under umask 002 before; now 0700, and an existing one of this user's
+    is made so."""
+    old = os.umask(0o002)
+    try:
+        VerdictCache(tmp_path / "new").save(IDENT, "s3://b/p", LIES)
+        (tmp_path / "old").mkdir(mode=0o775)
+        VerdictCache(tmp_path / "old").save(IDENT, "s3://b/p", LIES)
+    finally:
+        os.umask(old)
+    for name in ("new", "old"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o700
+        assert VerdictCache(tmp_path / name).load(IDENT) is not None
