@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from plancache import PlanCache, PutOutcome
@@ -30,7 +31,7 @@ from plancache._config import Settings
 from plancache._objects import Update
 from plancache._probe import CHECK_REQUESTS, STEPS, ProbeResult, StoreVerdict, probe
 from plancache._signing import Keyring
-from plancache.errors import PlanStoreUnavailableError
+from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import FACTORS, GiB, child_env, make_plan
 from plancache.testing.hostile import FaultyProxy, LyingProxy, writes
 from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3, weed_binary
@@ -485,3 +486,30 @@ def test_a_store_too_loaded_to_answer_the_verdict_read_is_not_probed(
         assert result.verdict is StoreVerdict.UNKNOWN and "shared verdict" in result.detail
         assert _writes(proxy) == []
         assert all(SHARED_VERDICT in p for _, p in proxy.requests), proxy.requests
+
+
+def test_a_shared_verdict_the_store_refuses_to_serve_is_probed_past_and_doctor_replaces_it(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """One PUT of ``verdict.json`` in the GLACIER storage class (every GET: 403) stopped every
+    write of a fleet: nodes took it for a silent store, never probed, and doctor could not
+    replace it. Now a node probes past it (and, unable to read it, leaves it); doctor
+    replaces it."""
+    url = f"s3://{s3_bucket}/plans"
+    key = f"plans/{PROBE_PREFIX}/{SHARED_VERDICT}"
+    client = boto3.client("s3", endpoint_url=moto_s3.endpoint)
+    client.put_object(Bucket=s3_bucket, Key=key, Body=b"{}", StorageClass="GLACIER")
+    store = open_store(url, endpoint_url=moto_s3.endpoint)
+    assert isinstance(store, RemoteStore)
+    with pytest.raises(PlanStoreError, match="HTTP 403"):
+        store.probe_store().read_object(SHARED_VERDICT, 4096)
+    node = _node(store, tmp_path, "node")
+    assert node.verdict().verdict is StoreVerdict.HONEST
+    assert node.put(make_plan()) is PutOutcome.CREATED
+    assert client.head_object(Bucket=s3_bucket, Key=key)["StorageClass"] == "GLACIER"  # left
+    env = child_env(VLLM_CACHE_ROOT=str(tmp_path / "doctor"))
+    options = json.dumps({"endpoint_url": moto_s3.endpoint})
+    doctor = run("doctor", url, "--json", "--storage-options", options, env=env)
+    assert doctor.returncode == 0, doctor.stdout
+    found = store.probe_store().read_object(SHARED_VERDICT, 4096)
+    assert found is not None and json.loads(found[0])["verdict"] == "honest"

@@ -33,7 +33,11 @@ prefix, signed with the signing key where one is set), and a node without a verd
 own reads it before probing: one request instead of a probe's 20-27 requests, where a
 rollout's nodes would all probe at once. A shared verdict is taken only if it is about the
 same endpoint, younger than ``VERDICT_TTL_S``, and, where keys are set, signed by an accepted
-key; anything else is no verdict and the node probes.
+key; anything else is no verdict and the node probes. Only a store that does not answer
+(``PlanStoreUnavailableError``) stops a node from probing: a shared verdict the store
+refuses to serve (403, e.g. stored in an archive storage class) is probed past, and such a
+node shares nothing (it cannot replace what it cannot read); ``plancache doctor`` replaces it
+(``share(..., replace_unreadable=True)``).
 
 ``trust=True`` (``PLANCACHE_TRUST_PRECONDITIONS=1``) skips the probe and writes
 anyway, logging a WARNING at every open: on a store that ignores preconditions, concurrent
@@ -384,10 +388,18 @@ class GuardedStore(ForwardingStore):
                 time.sleep(pause)
             try:
                 shared = self._shared(ident)
-            except PlanStoreError as exc:  # a probe now would fail too, and add to the load
+            except PlanStoreUnavailableError as exc:  # a probe now would fail too, and load it
                 why = scrub(f"the shared verdict could not be read: {exc}")
                 result = ProbeResult(StoreVerdict.UNKNOWN, None, why)
                 continue
+            except PlanStoreError as exc:  # it answered, and refused this object: probe past
+                log.info(
+                    "plancache: %s: the shared verdict is unreadable (%s): probing; "
+                    "`plancache doctor` replaces it",
+                    self.url,
+                    scrub(str(exc)),
+                )
+                self._stored, shared = UNREADABLE, None
             if shared is not None:
                 found, at = shared
                 if self.verdicts is not None:
@@ -450,15 +462,27 @@ class GuardedStore(ForwardingStore):
 
 
 _LOOK = object()
+UNREADABLE = object()
+"""The version of a shared verdict the store refused to serve (see the module)."""
 
 
-def share(store: RemoteStore, result: ProbeResult, stored: object = _LOOK) -> None:
+def share(
+    store: RemoteStore,
+    result: ProbeResult,
+    stored: object = _LOOK,
+    *,
+    replace_unreadable: bool = False,
+) -> None:
     """Write ``result`` as ``store``'s shared verdict (see the module), over the one stored
     (compare-and-swap on ``stored``, its version, None if absent; default: read it first.
-    Of two nodes replacing it at once, one wins). A node that checks signatures but holds
-    no signing key shares nothing (its nodes would not take it). Never raises."""
+    Of two nodes replacing it at once, one wins). One the store refuses to serve
+    (``UNREADABLE``) is left alone, unless ``replace_unreadable`` (``plancache doctor``):
+    then it is deleted and the verdict created. A node that checks signatures but holds no
+    signing key shares nothing (its nodes would not take it). Never raises."""
     keyring = store.keyring
     if keyring.requires_signature and not keyring.can_sign:
+        return
+    if stored is UNREADABLE and not replace_unreadable:
         return
     record: dict[str, Any] = {
         "verdict": result.verdict.value,
@@ -473,8 +497,18 @@ def share(store: RemoteStore, result: ProbeResult, stored: object = _LOOK) -> No
     layer = store.probe_store()
     try:
         if stored is _LOOK:
-            found = layer.read_object(SHARED_VERDICT, SHARED_LIMIT)
-            stored = None if found is None else found[1]
+            try:
+                found = layer.read_object(SHARED_VERDICT, SHARED_LIMIT)
+                stored = None if found is None else found[1]
+            except PlanStoreUnavailableError:
+                raise
+            except PlanStoreError:
+                if not replace_unreadable:
+                    raise
+                stored = UNREADABLE
+        if stored is UNREADABLE:
+            layer.delete_object(SHARED_VERDICT)
+            stored = None
         mode = CREATE if stored is None else Update(stored)
         layer.write_object(SHARED_VERDICT, (orjson.dumps(record),), mode)
     except Exception as exc:  # fail-open: the next node probes too

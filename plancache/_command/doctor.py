@@ -168,7 +168,7 @@ class _Doctor:
         if result.verdict in (StoreVerdict.HONEST, StoreVerdict.LIES):
             cache = VerdictCache(Path(self.settings.local_dir) / VERDICTS_DIR)
             cache.save(identity(store), store.url, result)
-            share(store, result)  # what the fleet's nodes read before probing
+            share(store, result, replace_unreadable=True)  # what the fleet's nodes read first
 
     def clock(self, store: RemoteStore) -> None:
         endpoint = store.endpoint()
