@@ -15,7 +15,7 @@ from typing import TextIO
 
 import orjson
 
-from plancache._redaction import printable
+from plancache._redaction import printable as printable  # the command's escapes, named here too
 
 PROGRESS_MIN = 20
 """Work on more items than this shows a progress bar."""
