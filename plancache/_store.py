@@ -120,6 +120,12 @@ class PlanStore(ObjectLayer):
         this with the configured keys)."""
         self.keyring = keyring
 
+    def own(self) -> PlanStore:
+        """This store, reading only what no other local user could have written: a local
+        directory refuses another user's files (``LocalStore.own``); every other store is
+        itself (what may write it is its credentials' business)."""
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 

@@ -363,3 +363,31 @@ def test_a_mark_that_cannot_be_shared_holds_back_no_other(
     assert "plans not shared yet stay marked: PlanStoreUnavailableError" in caplog.text
     assert plans[1].fingerprint[:12] not in caplog.text  # not tried as one mark's failure
     assert len(list(LocalStore(tmp_path / "tier").list_objects(UNSHARED_PREFIX))) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another uid")
+def test_a_mark_and_record_a_neighbour_planted_are_never_offered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group-writable local tier (a hostPath under umask 002): another user's mark and
+    record (here a 70 GiB plan) were offered to the remote with this node's credentials.
+    Now only this user's are; the planted ones are logged and left."""
+    tier = tmp_path / "tier"
+    tier.mkdir(mode=0o775)
+    os.chmod(tier, 0o775)
+    mine = make_plan(factors={**FACTORS, "model": "mine"})
+    planted = make_plan(kv=70 * GiB, baseline=75 * GiB, factors={**FACTORS, "model": "theirs"})
+    for plan in (mine, planted):
+        LocalStore(tier).put(plan)
+        LocalStore(tier).write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
+    for name in (plan_object_name(planted.fingerprint), UNSHARED_PREFIX + planted.fingerprint):
+        os.chown(tier / name, 65534, -1)
+    remote = LocalStore(tmp_path / "remote")
+    with caplog.at_level(logging.WARNING, logger="plancache"):
+        assert TieredStore(remote, local=LocalStore(tier)).offer_unshared() == 1
+    assert remote.get(mine.fingerprint) == mine and remote.get(planted.fingerprint) is None
+    assert f"the plan {planted.fingerprint[:12]} this node kept is not shared" in caplog.text
+    assert "owned by uid 65534" in caplog.text
+    assert list(LocalStore(tier).list_objects(UNSHARED_PREFIX)) == [
+        UNSHARED_PREFIX + planted.fingerprint
+    ]

@@ -148,11 +148,24 @@ class LocalStore(PlanStore):
     #: Seconds a replace or delete waits at most for another process's lock.
     lock_timeout: float = 5.0
 
+    #: Read only files no other user could have written: one owned by another user, or
+    #: writable by its group or others (``plancache._neighbours.foreign``, judged on the
+    #: descriptor read), is refused as an ``InvalidPlanError`` (``own``).
+    only_own: bool = False
+
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         path = default_dir() if root is None else Path(root)
         self.root = Path(os.path.abspath(os.path.expanduser(path)))
         self._root = str(self.root)
         self._dir = self._root.rstrip("/") + "/"  # where plan files are named (root "/" too)
+
+    def own(self) -> LocalStore:
+        """This directory, with this store's keyring, reading only what no other user could
+        have written (``only_own``): what this node offers as its own."""
+        mine = LocalStore(self.root)
+        mine.only_own = True
+        mine.use_keyring(self.keyring)
+        return mine
 
     @property
     def url(self) -> str:
@@ -185,6 +198,10 @@ class LocalStore(PlanStore):
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise InvalidPlanError(f"{path} is {kind(st.st_mode)}, not a stored object")
+        why = foreign(st, f"file {path}") if self.only_own else None
+        if why is not None:
+            os.close(fd)
+            raise InvalidPlanError(f"not read: {why}")
         return fd, st
 
     def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:

@@ -149,12 +149,14 @@ class TieredStore(ForwardingStore):
     def offer_unshared(self) -> int:
         """Write to the remote (merged) each plan the local tier marks as not shared yet, one
         by one (at most ``MAX_OFFERS`` written, ``MAX_MARKS`` marks read), removing each mark
-        once its plan is written. A mark whose plan cannot be read or written (a record kept
-        unsigned before the fleet adopted a key, one the remote rejects) is logged and kept
-        for a later boot, and holds back no other; a remote that does not answer or refuses
-        writes ends the round (a later boot). How many were written. Never raises."""
+        once its plan is written. Only marks and records no other local user could have
+        written are offered (``PlanStore.own``): the node's credentials never ship what a
+        neighbour planted. A mark whose plan cannot be read or written (a neighbour's, a
+        record kept unsigned before the fleet adopted a key, one the remote rejects) is logged
+        and kept for a later boot, and holds back no other; a remote that does not answer or
+        refuses writes ends the round (a later boot). How many were written. Never raises."""
         assert self.local is not None
-        shared = 0
+        shared, own = 0, self.local.own()  # a neighbour's mark or record: never offered
         try:
             marks = list(itertools.islice(self.local.list_objects(UNSHARED_PREFIX), MAX_MARKS))
         except Exception as exc:
@@ -165,7 +167,8 @@ class TieredStore(ForwardingStore):
                 break
             fp = name[len(UNSHARED_PREFIX) :]
             try:
-                plan = self.local.get(validate_key(fp)) if _is_key(fp) else None
+                own.read_object(name, 1)  # the mark: this user's, or InvalidPlanError
+                plan = own.get(validate_key(fp)) if _is_key(fp) else None
                 if plan is not None:
                     self.remote.put_merged(plan)
                     shared += 1
