@@ -27,7 +27,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,14 +102,20 @@ def _open_at(parent: int, name: str, flags: int, where: Path) -> int | None:
         raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not opened", str(where)) from None
 
 
-def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
-    """The file at ``relative`` (``/``-separated, no ``..``) below the directory ``anchor``,
-    read by the module's rules; None if it or a directory on its way is absent. Raises
-    ``OddFileError`` (not a regular file, a link on the way, over ``limit`` bytes) or
-    ``OSError``."""
+def _parts(relative: str) -> list[str]:
     parts = relative.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"not a relative path below the anchor: {relative!r}")
+    return parts
+
+
+def open_file(anchor: Path, relative: str) -> tuple[int, os.stat_result, str | None] | None:
+    """A read-only descriptor of the regular file at ``relative`` (``/``-separated, no
+    ``..``) below the directory ``anchor``, its ``fstat``, and why another user could have
+    written it or a directory below the anchor on its way (None: no one could); None if it
+    or a directory on its way is absent. The caller closes the descriptor. Raises
+    ``OddFileError`` (not a regular file, a link on the way) or ``OSError``."""
+    parts = _parts(relative)
     try:
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -126,14 +132,100 @@ def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
         if child is None:
             return None
         fd = child
-    with _opened(fd):
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file", str(where))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st, why or foreign(st, f"file {where}")
+
+
+def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
+    """The file ``open_file`` opens, read: at most ``limit`` bytes (more: ``OddFileError``);
+    None where it is absent."""
+    opened = open_file(anchor, relative)
+    if opened is None:
+        return None
+    fd, st, why = opened
+    with _opened(fd):
         data = _read(fd, limit + 1)
     if len(data) > limit:
-        raise OddFileError(errno.EFBIG, f"over {limit} bytes", str(where))
-    return Read(data, st, why or foreign(st, f"file {where}"))
+        raise OddFileError(errno.EFBIG, f"over {limit} bytes", str(anchor / relative))
+    return Read(data, st, why)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file a walk found: its path below the anchor, the descriptor of its directory
+    (valid until the walk goes on), its name there and its ``lstat``."""
+
+    path: str
+    dir_fd: int
+    name: str
+    st: os.stat_result
+
+
+MAX_DEPTH = 32
+"""Directories deeper below the anchor than this are not walked."""
+
+
+def walk(anchor: Path, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Entry]:
+    """Every entry below the directory ``anchor`` that is not a directory (links, FIFOs and
+    devices too: ``open_entry`` refuses them), in path order, by directory descriptors:
+    each directory is opened relative to its parent's with ``O_NOFOLLOW`` and must be the
+    one its parent listed (device and inode), else it is not walked; names ``skip``
+    accepts, and directories deeper than ``MAX_DEPTH``, are left out. Yields nothing where
+    ``anchor`` is absent."""
+    try:
+        fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with _opened(fd):
+        yield from _walk(fd, "", 0, skip)
+
+
+def _walk(fd: int, prefix: str, depth: int, skip: Callable[[str], bool]) -> Iterator[Entry]:
+    for name in sorted(os.listdir(fd)):
+        if skip(name):
+            continue
+        try:
+            st = os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        path = f"{prefix}{name}"
+        if not stat.S_ISDIR(st.st_mode):
+            yield Entry(path, fd, name, st)
+            continue
+        if depth >= MAX_DEPTH:
+            continue
+        try:
+            child = os.open(name, _DIRECTORY, dir_fd=fd)
+        except OSError:  # gone, or swapped for a link or a file since it was listed
+            continue
+        with _opened(child):
+            held = os.fstat(child)
+            if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
+                yield from _walk(child, f"{path}/", depth + 1, skip)
+
+
+def open_entry(entry: Entry) -> int:
+    """A read-only descriptor of the regular file ``entry`` names, the one the walk listed
+    (device and inode); the caller closes it. Raises ``OddFileError`` (a link, a FIFO, a
+    device, another file swapped in), ``FileNotFoundError`` (gone) or ``OSError``."""
+    where = Path(entry.path)
+    fd = _open_at(entry.dir_fd, entry.name, os.O_RDONLY | NO_FOLLOW, where)
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, "gone since it was listed", entry.path)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file", entry.path)
+    if (st.st_dev, st.st_ino) != (entry.st.st_dev, entry.st.st_ino):
+        os.close(fd)
+        raise OddFileError(errno.EINVAL, "another file than the one listed", entry.path)
+    return fd
 
 
 def _read(fd: int, limit: int) -> bytes:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from plancache._backends.guarded import VerdictCache
-from plancache._neighbours import OddFileError, read_file
+from plancache._neighbours import MAX_DEPTH, OddFileError, open_entry, read_file, walk
 from plancache._probe import ProbeResult, StoreVerdict
 
 OTHER_UID = 65534
@@ -74,6 +74,68 @@ def test_what_another_user_could_have_written_is_named(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o775)
     read = read_file(tmp_path, "d/f", 10)
     assert read is not None and read.foreign is None
+
+
+def test_a_walk_goes_by_descriptors_and_never_follows_a_link(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "key").write_bytes(b"secret")
+    (root / "a" / "b" / "f").write_bytes(b"data")
+    (root / "top").write_bytes(b"t")
+    os.symlink(outside, root / "a" / "dirlink")
+    os.symlink(outside / "key", root / "a" / "filelink")
+    (root / ".hidden").write_bytes(b"h")
+    entries = list(walk(root, skip=lambda name: name.startswith(".")))
+    assert [e.path for e in entries] == ["a/b/f", "a/dirlink", "a/filelink", "top"]
+    read = {}
+    for entry in walk(root):
+        try:
+            fd = open_entry(entry)
+        except OddFileError as exc:
+            assert "a symbolic link" in str(exc)
+            continue
+        with os.fdopen(fd, "rb") as f:
+            read[entry.path] = f.read()
+    assert read == {"a/b/f": b"data", "top": b"t", ".hidden": b"h"}  # never the key
+
+
+def test_a_file_or_directory_swapped_after_the_listing_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"data")
+    (tmp_path / "key").write_bytes(b"secret")
+    entries = walk(root)
+    entry = next(entries)
+    assert entry.path == "d/f"
+    os.rename(root / "d" / "f", root / "d" / "old")
+    os.symlink(tmp_path / "key", root / "d" / "f")  # swapped for a link
+    with pytest.raises(OddFileError, match="a symbolic link"):
+        open_entry(entry)
+    os.unlink(root / "d" / "f")
+    (root / "d" / "f").write_bytes(b"another")  # another file under the same name
+    with pytest.raises(OddFileError, match="another file than the one listed"):
+        open_entry(entry)
+    assert list(entries) == []  # the walk ends on its own listing, nothing re-read
+    # a directory swapped for a link between its listing and its opening is not walked
+    (root / "d2").mkdir()
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "k").write_bytes(b"secret")
+    seen = []
+    for e in walk(root):
+        seen.append(e.path)
+        if e.path == "d/f":
+            os.rename(root / "d2", tmp_path / "d2-away")
+            os.symlink(tmp_path / "keys", root / "d2")
+    assert not any(p.startswith("d2/") for p in seen), seen
+
+
+def test_a_walk_is_bounded_in_depth(tmp_path: Path) -> None:
+    deep = tmp_path.joinpath(*["d"] * (MAX_DEPTH + 3))
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"x")
+    (tmp_path / "d" / "g").write_bytes(b"x")
+    assert [e.path for e in walk(tmp_path)] == ["d/g"]
 
 
 def _plant(cache: VerdictCache, data: bytes) -> Path:
