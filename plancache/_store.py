@@ -47,6 +47,8 @@ READ_LIMIT = MAX_RECORD_BYTES + 1
 """Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
 MAX_SEEN = 4096
 """Fingerprints a store object remembers having seen stored (``PlanStore._seen``)."""
+STALE_TEMP_SECONDS = 3600.0
+"""Age past which a temp file of a write is a killed writer's leftover."""
 
 
 def content_version(data: bytes) -> str:
@@ -114,6 +116,25 @@ class PlanStore(ObjectLayer):
     put_budget_s: float = PUT_BUDGET_S
     #: Signs what the store writes and judges what it reads (``plancache._signing``).
     keyring: Keyring = NO_KEYS
+
+    @property
+    def local_tier(self) -> PlanStore | None:
+        """The local tier in front of this store (a ``TieredStore``'s), or None. Asked of
+        this store only: a store it wraps is not opened to answer."""
+        return None
+
+    def known_to_ignore_preconditions(self) -> bool:
+        """True if this store, or one beneath it, is already known to ignore write
+        preconditions (a ``GuardedStore``'s verdict); never probes. False by default."""
+        return False
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        """Delete the temp files (of the object ``name`` only, if given) that killed writers
+        left more than ``older_than`` seconds ago; how many were (or, with ``dry_run``, would
+        be) removed. None to remove by default (a local directory's store has them)."""
+        return 0
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring`` from now on (``Settings.open_store`` does
@@ -453,6 +474,14 @@ class ForwardingStore(PlanStore):
 
     def close(self) -> None:
         self.inner.close()
+
+    def known_to_ignore_preconditions(self) -> bool:
+        return self.inner.known_to_ignore_preconditions()
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        return self.inner.remove_stale_temp_files(older_than, dry_run=dry_run, name=name)
 
     # -- the object layer goes to ``inner`` too ----------------------------------------------
     def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:

@@ -255,6 +255,12 @@ class GuardedStore(ForwardingStore):
         cached = self.verdicts.load(identity(self.store)) if self.verdicts is not None else None
         return None if cached is None else cached[0]
 
+    def known_to_ignore_preconditions(self) -> bool:
+        """True if the verdict already known says ``lies`` (never probes; False when
+        trusting the store's preconditions)."""
+        known = None if self.trust else self.known()
+        return known is not None and known.verdict is StoreVerdict.LIES
+
     def warm(self) -> None:
         """Start the probe now, on a daemon thread (where writes are wanted and no fresh
         verdict is known), after a random delay of up to ``PROBE_JITTER_S`` (the nodes of a

@@ -64,6 +64,10 @@ class TieredStore(ForwardingStore):
         return self.remote
 
     @property
+    def local_tier(self) -> PlanStore | None:
+        return self.local
+
+    @property
     def atomic(self) -> bool:  # type: ignore[override]
         return self.remote.atomic and (self.local is None or self.local.atomic)
 
