@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from plancache._artifacts.share import CompileSettings
+from plancache._artifacts.engine import CompileSettings
 from plancache._backends.local import LocalStore
 from plancache._config import (
     Settings,
