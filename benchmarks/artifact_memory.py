@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 
 KEY, RANK = "f" * 64, "rank_0_0"

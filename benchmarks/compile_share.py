@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from plancache import open_store
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache.testing import servers
 from tests.vllm.support import MODEL_CONFIG

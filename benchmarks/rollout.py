@@ -53,8 +53,10 @@ from benchmarks.console import log_to_stderr
 from benchmarks.fleet import Fleet, config_factors
 from plancache import PlanCache, PlanStoreError, open_store
 from plancache import _background as background
-from plancache._artifacts.manifest import object_name
-from plancache._artifacts.share import ArtifactStore, CompileSettings, Fetched, join_fetch
+from plancache._artifacts.engine import CompileSettings, Fetched
+from plancache._artifacts.manifest import artifact_object_name
+from plancache._artifacts.pacing import join_fetch
+from plancache._artifacts.store import ArtifactStore
 from plancache._backends.tiered import UNSHARED_PREFIX
 from plancache._config import Settings
 from plancache._merge import covers
@@ -321,7 +323,7 @@ def run(
         for _, out in workers:
             for twin, found in json.loads(Path(out).read_text()).items():
                 reports[twin] += found
-        name = object_name(KEY, RANK)
+        name = artifact_object_name(KEY, RANK)
         uploaded = sum(n for obj, n in proxy.received_by_name.items() if obj.startswith(name))
         figures = _summary(reports, proxy.requests, uploaded, proxy.throttled)
     figures.update(_final_state(reports["on"], population, moto, bucket))
@@ -363,7 +365,7 @@ def _final_state(
 
 def _artifact_size(store: Any) -> int:
     """The stored artifact's size (0 if none was stored)."""
-    found = store.open_object(object_name(KEY, RANK))
+    found = store.open_object(artifact_object_name(KEY, RANK))
     if found is None:
         return 0
     size = 0

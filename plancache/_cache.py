@@ -28,13 +28,14 @@ from plancache import _metrics as metrics
 from plancache._backends.lazy import LazyStore
 from plancache._background import Job, JobTimeout
 from plancache._defaults import DEFAULT_BUDGET_S, RECORD_EXIT_WAIT_S
+from plancache._forwarding import ForwardingStore
 from plancache._gate import Budget, gate
 from plancache._keys import Scalar, fingerprint
 from plancache._observation import Observation
 from plancache._plan import Plan
 from plancache._reasons import RECORD_FAILURES, PutOutcome, Reason
 from plancache._redaction import scrub
-from plancache._store import ForwardingStore, PlanStore
+from plancache._store import PlanStore
 from plancache._units import gib_text as _gib
 from plancache._version import __version__
 from plancache.errors import (

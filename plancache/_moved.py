@@ -22,6 +22,7 @@ from plancache._version import DEPRECATED_REMOVED_IN
 MOVED = {
     "plancache.artifact_commands": "plancache._command.artifacts",
     "plancache.artifacts": "plancache._artifacts",
+    "plancache.artifacts.share": "plancache._artifacts.store",  # split: ArtifactStore's home
     "plancache.backends": "plancache._backends",
     "plancache.background": "plancache._background",
     "plancache.breaker": "plancache._breaker",
@@ -50,10 +51,11 @@ MOVED = {
 
 
 def new_path(name: str) -> str | None:
-    """Where the module of the old path ``name`` is now; None if ``name`` did not move."""
-    for old, new in MOVED.items():
+    """Where the module of the old path ``name`` is now (the longest old path that covers it
+    decides); None if ``name`` did not move."""
+    for old in sorted(MOVED, key=len, reverse=True):
         if name == old or name.startswith(old + "."):
-            return new + name[len(old) :]
+            return MOVED[old] + name[len(old) :]
     return None
 
 

@@ -31,13 +31,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from plancache.errors import PlancacheError
+
 NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Flags of every open of a file another user could have written."""
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class OddFileError(OSError):
-    """A path that is not a regular file where one was expected, or one over the limit."""
+class OddFileError(PlancacheError, OSError):
+    """A path that is not a regular file where one was expected, or one over the limit (an
+    ``OSError`` too: callers that handle a file's failures handle it)."""
 
 
 def kind(mode: int) -> str:

@@ -7,7 +7,8 @@ if-version-matches, list); a plan is the object ``startup_plan_{fp}.json``. Ever
 including the merge of concurrent writers, the backoff of those that lose a race and the
 signing of what is written (``PlanStore.keyring``, see ``plancache._signing``), lives here once.
 Stores that wrap another (a tier, a lazy opening, a write guard) derive from
-``ForwardingStore`` and reach it through its public methods only, never its primitives.
+``plancache._forwarding.ForwardingStore`` and reach it through its public methods only,
+never its primitives.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ import hashlib
 import logging
 import random
 import time
-from abc import abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from plancache._defaults import PUT_BUDGET_S
 from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, plan_object_name, validate_key
 from plancache._merge import covers, merge, retract
-from plancache._objects import CREATE, ObjectLayer, Opened, Update, WriteMode
+from plancache._objects import CREATE, ObjectLayer, Update
 from plancache._observation import Observation
 from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here
@@ -47,6 +47,8 @@ READ_LIMIT = MAX_RECORD_BYTES + 1
 """Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
 MAX_SEEN = 4096
 """Fingerprints a store object remembers having seen stored (``PlanStore._seen``)."""
+STALE_TEMP_SECONDS = 3600.0
+"""Age past which a temp file of a write is a killed writer's leftover."""
 
 
 def content_version(data: bytes) -> str:
@@ -114,6 +116,25 @@ class PlanStore(ObjectLayer):
     put_budget_s: float = PUT_BUDGET_S
     #: Signs what the store writes and judges what it reads (``plancache._signing``).
     keyring: Keyring = NO_KEYS
+
+    @property
+    def local_tier(self) -> PlanStore | None:
+        """The local tier in front of this store (a ``TieredStore``'s), or None. Asked of
+        this store only: a store it wraps is not opened to answer."""
+        return None
+
+    def known_to_ignore_preconditions(self) -> bool:
+        """True if this store, or one beneath it, is already known to ignore write
+        preconditions (a ``GuardedStore``'s verdict); never probes. False by default."""
+        return False
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        """Delete the temp files (of the object ``name`` only, if given) that killed writers
+        left more than ``older_than`` seconds ago; how many were (or, with ``dry_run``, would
+        be) removed. None to remove by default (a local directory's store has them)."""
+        return 0
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring`` from now on (``Settings.open_store`` does
@@ -386,92 +407,3 @@ class PlanStore(ObjectLayer):
         found = self._read(fp)
         self._note(fp, stored=found is not None)
         return found
-
-
-def beneath(store: PlanStore) -> Iterator[PlanStore]:
-    """``store`` and the stores it forwards to, outermost first (a ``LazyStore`` is opened
-    on the way, within its bound)."""
-    while True:
-        yield store
-        if not isinstance(store, ForwardingStore):
-            return
-        store = store.inner
-
-
-class ForwardingStore(PlanStore):
-    """A store that adds behaviour in front of another (``inner``: a tier, a lazy opening, a
-    write guard) and reaches it through its public methods only. Every public method goes to
-    ``inner`` unless a subclass overrides it, except ``put`` and ``retract``, which stay
-    ``put_merged``'s and ``rewrite``'s (``PlanStore``'s): an override of those two covers
-    them. The keyring and the object layer go to ``inner`` too: a forwarding store runs no
-    compare-and-swap loop of its own."""
-
-    @property
-    @abstractmethod
-    def inner(self) -> PlanStore:
-        """The store the public methods go to."""
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    @property
-    def atomic(self) -> bool:  # type: ignore[override]
-        return self.inner.atomic
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.inner!r})"
-
-    def use_keyring(self, keyring: Keyring) -> None:
-        super().use_keyring(keyring)
-        self.inner.use_keyring(keyring)
-
-    def warm(self) -> None:
-        """Start opening, on daemon threads, the stores beneath this one that open on first
-        use (``LazyStore``: a tier's remote store, say); returns at once."""
-        inner = self.inner
-        if isinstance(inner, ForwardingStore):
-            inner.warm()
-
-    def get(self, fp: str) -> Plan | None:
-        return self.inner.get(fp)
-
-    def find(self, fp: str, usable: Callable[[Plan], bool]) -> Plan | None:
-        return self.inner.find(fp, usable)
-
-    def put_merged(self, plan: Plan) -> Put:
-        return self.inner.put_merged(plan)
-
-    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
-        return self.inner.rewrite(fp, change)
-
-    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
-        return self.inner.delete_if(fp, doomed)
-
-    def delete(self, fp: str) -> bool:
-        return self.inner.delete(fp)
-
-    def iter_fingerprints(self) -> Iterator[str]:
-        return self.inner.iter_fingerprints()
-
-    def read_raw(self, fp: str) -> bytes | None:
-        return self.inner.read_raw(fp)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    # -- the object layer goes to ``inner`` too ----------------------------------------------
-    def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
-        return self.inner.read_object(name, limit)
-
-    def open_object(self, name: str) -> Opened | None:
-        return self.inner.open_object(name)
-
-    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
-        return self.inner.write_object(name, chunks, mode)
-
-    def delete_object(self, name: str, version: object | None = None) -> bool:
-        return self.inner.delete_object(name, version)
-
-    def list_objects(self, prefix: str) -> Iterator[str]:
-        return self.inner.list_objects(prefix)

@@ -29,7 +29,7 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def compile_on(environ: Mapping[str, str] | None = None) -> bool:
-    """True if compile artifacts are shared (``plancache._artifacts.share``):
+    """True if compile artifacts are shared (``plancache._artifacts.engine``):
     ``PLANCACHE_COMPILE_CACHE`` decides when set, else ``enabled``. Raises ``ConfigError``
     for a malformed ``PLANCACHE_COMPILE_CACHE``."""
     env = os.environ if environ is None else environ

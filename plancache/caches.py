@@ -42,8 +42,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from plancache._artifacts.engine import CacheFetched, CompileSettings
 from plancache._artifacts.manifest import is_cache_kind
-from plancache._artifacts.share import ArtifactStore, CacheFetched, CompileSettings
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._keys import Scalar, fingerprint
 from plancache.errors import ConfigError

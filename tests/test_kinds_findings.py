@@ -3,11 +3,11 @@ every kind of cached thing"). Each test names its finding; each fails on 0.3.0's
 reason the finding states and passes once it is fixed.
 
 They use public behaviour only: the ``plancache`` command in a subprocess, ``ArtifactStore``
-and ``CompileSettings`` (``plancache._artifacts.share``), ``Settings`` and ``keyring_from_env``
-(``plancache._config``) and ``plancache.errors``. Artifacts are made by ``ArtifactStore.upload``
-from synthetic AOT directories, and changed as bytes in a local store's directory (the
-documented stream: a ustar archive, zstd-compressed or not, whose first member is the JSON
-manifest).
+and ``CompileSettings`` (``plancache._artifacts.store``, ``plancache._artifacts.engine``),
+``Settings`` and ``keyring_from_env`` (``plancache._config``) and ``plancache.errors``.
+Artifacts are made by ``ArtifactStore.upload`` from synthetic AOT directories, and changed
+as bytes in a local store's directory (the documented stream: a ustar archive,
+zstd-compressed or not, whose first member is the JSON manifest).
 
 Expectations assumed where the fix has a choice (the implementer matches them):
 
@@ -44,7 +44,8 @@ import pytest
 
 import plancache
 import plancache.errors
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings, keyring_from_env
 from plancache.testing import child_env
 from plancache.testing.servers import MotoS3

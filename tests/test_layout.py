@@ -4,7 +4,9 @@ which each module imports only modules listed above it; internal modules are pri
 from __future__ import annotations
 
 import ast
+import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,59 @@ def test_no_module_calls_a_private_member_of_another() -> None:
             if node.attr in others:
                 offenders.append(f"{rel}:{node.lineno} {node.value.id}.{node.attr}")
     assert not offenders, "\n".join(offenders)
+
+
+MAX_LINES = 500
+ENGINE = [
+    "_artifacts/engine.py",
+    "_artifacts/trust.py",
+    "_artifacts/claims.py",
+    "_artifacts/pacing.py",
+]
+"""The modules every kind shares: they know no backend (the stores' generic hooks serve)."""
+KIND_MODULES = ["_artifacts/compiled.py", "_artifacts/bundles.py", "_artifacts/modelinfo.py"]
+"""One module per kind loaded as code or trusted as fact."""
+
+
+def test_no_module_is_over_the_line_cap() -> None:
+    """The test kit aside, no module of the package holds more than ``MAX_LINES`` lines."""
+    long = [
+        f"{rel}: {n} lines"
+        for rel in _tree()
+        if not rel.startswith("testing/")
+        and (n := len((PACKAGE / rel).read_text().splitlines())) > MAX_LINES
+    ]
+    assert not long, "\n".join(long)
+
+
+def _known() -> dict[str, str]:
+    return {_dotted(rel): rel for rel in _tree()}
+
+
+@pytest.mark.parametrize("rel", ENGINE)
+def test_the_engine_imports_no_backend(rel: str) -> None:
+    backends = sorted(m for m in _imports(rel, _known()) if m.startswith("_backends/"))
+    assert not backends, f"{rel} imports {', '.join(backends)}"
+
+
+@pytest.mark.parametrize("rel", KIND_MODULES)
+def test_a_kind_imports_no_other_kind(rel: str) -> None:
+    others = sorted(_imports(rel, _known()) & (set(KIND_MODULES) - {rel}))
+    assert not others, f"{rel} imports {', '.join(others)}"
+
+
+def test_the_0_3_0_artifact_store_path_still_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``plancache.artifacts.share`` (0.3.0) names ``ArtifactStore``'s module, split since."""
+    from plancache._artifacts.engine import CompileSettings, Fetched
+    from plancache._artifacts.store import ArtifactStore
+
+    monkeypatch.delitem(sys.modules, "plancache.artifacts.share", raising=False)
+    with pytest.warns(DeprecationWarning, match="plancache.artifacts.share is deprecated"):
+        old = importlib.import_module("plancache.artifacts.share")
+    assert (old.ArtifactStore, old.CompileSettings, old.Fetched) == (
+        ArtifactStore,
+        CompileSettings,
+        Fetched,
+    )

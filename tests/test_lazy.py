@@ -11,12 +11,13 @@ import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
-from plancache._backends.guarded import GuardedStore, StoreIgnoresPreconditionsError, VerdictCache
+from plancache._backends.guarded import GuardedStore, StoreIgnoresPreconditionsError
 from plancache._backends.lazy import LazyStore
 from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
+from plancache._backends.verdicts import VerdictCache
+from plancache._forwarding import ForwardingStore
 from plancache._keys import plan_object_name
-from plancache._store import ForwardingStore
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import GiB, make_plan
 from plancache.testing.hostile import LyingProxy

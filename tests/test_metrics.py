@@ -20,7 +20,8 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from plancache import PlanCache, open_store
-    from plancache._artifacts.share import ArtifactStore, CompileSettings
+    from plancache._artifacts.engine import CompileSettings
+    from plancache._artifacts.store import ArtifactStore
     from plancache._config import Settings
     from plancache.testing import FACTORS, GiB, servers
     from tests.artifacts.helpers import KEY, RANK, make_tree

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache._backends.guarded import VerdictCache
+from plancache._backends.verdicts import VerdictCache
 from plancache._neighbours import MAX_DEPTH, OddFileError, open_entry, read_file, walk
 from plancache._probe import ProbeResult, StoreVerdict
 

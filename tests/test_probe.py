@@ -20,13 +20,8 @@ import pytest
 from plancache import PlanCache, PutOutcome
 from plancache._backends import open_store
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
-from plancache._backends.guarded import (
-    PROBE_ATTEMPTS,
-    SHARED_VERDICT,
-    VERDICTS_DIR,
-    GuardedStore,
-    VerdictCache,
-)
+from plancache._backends.guarded import PROBE_ATTEMPTS, GuardedStore
+from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR, VerdictCache
 from plancache._config import Settings
 from plancache._objects import Update
 from plancache._probe import CHECK_REQUESTS, STEPS, ProbeResult, StoreVerdict, probe

@@ -6,12 +6,15 @@ that belong to that rank (``rank_<r>_<dp>/`` and the shared ``inductor_cache/``)
 stored as one object per (key, rank), ``compile_artifact_<key>_<rank>.tar``: a tar stream
 (zstd-compressed when ``zstandard`` is importable) whose first member is a manifest listing
 every file with its size, sha256 and mode, optionally signed. Loading an artifact executes
-code (unpickling, ``.so`` files): only trusted artifacts are installed (``share``).
+code (unpickling, ``.so`` files): only trusted artifacts are installed (``trust``).
 
-A kind on the object layer (``plancache._objects``): its encoding is the tar stream, its
-policy create-if-absent and trust; nothing here knows a backend. Modules: ``manifest`` (the
-manifest, names, signatures: pure), ``archive`` (pack a directory into a stream; verify a
-stream and install it atomically), ``share`` (settings, trust, fetch and upload, on the
-stack ``Settings.open_store`` builds), ``inventory`` (list, verify, copy, prune). Importing
-this package imports no client library.
+Kinds on the object layer (``plancache._objects``): an encoding and a policy each
+(create-if-absent, trust); nothing here knows a backend. Modules: ``manifest`` (the
+manifest, names, signatures: pure), ``trust`` (the one trust rule, typed refusals),
+``packing`` (pack a directory into a stream), ``archive`` (verify a stream and install it
+atomically), ``claims`` and ``pacing`` (upload claims; deadlines and pace), ``engine``
+(settings, sources, the one read loop and write, on the stack ``Settings.open_store``
+builds), one module per kind (``compiled``, ``bundles``, ``modelinfo``), ``store``
+(``ArtifactStore``, all of them behind one object); the inventory is
+``plancache._inventory.artifacts``. Importing this package imports no client library.
 """

@@ -101,12 +101,12 @@ def check_rank(rank: object) -> str:
     return rank
 
 
-def object_name(key: str, rank: str) -> str:
+def artifact_object_name(key: str, rank: str) -> str:
     """``compile_artifact_<key>_<rank>.tar``; ``InvalidPlanError`` for a malformed part."""
     return f"{NAME_PREFIX}{check_key(key)}_{check_rank(rank)}{NAME_SUFFIX}"
 
 
-def parse_object_name(name: str) -> tuple[str, str] | None:
+def parse_artifact_object_name(name: str) -> tuple[str, str] | None:
     """(key, rank) of an artifact's object base name, or None for any other name."""
     if not (name.startswith(NAME_PREFIX) and name.endswith(NAME_SUFFIX)):
         return None
@@ -204,7 +204,7 @@ class Manifest:
     @property
     def name(self) -> str:
         if self.kind == COMPILE:
-            return object_name(self.key, self.rank)
+            return artifact_object_name(self.key, self.rank)
         return cache_object_name(self.kind, self.key, self.content)
 
     def _body(self) -> dict[str, Any]:

@@ -6,23 +6,25 @@ with it, it reads the file. The file carries a ``hash`` of the model module's so
 vLLM checks before using it, so a copy from another node serves only where the source is
 the same.
 
-A kind on the object layer, like compile artifacts (and with their stores and trust rules,
-``ArtifactStore``): an encoding and a policy, nothing about a backend.
+A kind on the object layer, like compile artifacts (and with their stores and trust rule:
+``engine``, ``trust``): an encoding and a policy, nothing about a backend; trusted as fact.
 
 - key: vLLM's own hash of the module's source, with the module, the class and vLLM's version
-  (``object_name``); one object ``model_info_<sha256>.json`` each;
+  (``model_info_object_name``); one object ``model_info_<sha256>.json`` each;
 - encoding: an envelope (format, module, class, vLLM version, the file vLLM wrote, time,
   signature), at most ``MAX_BYTES``, checked on every decode (``ModelInfo.decode``);
 - policy: fetched when vLLM finds no file (before it inspects the class), installed
   atomically and never over a file the node has; uploaded create-if-absent once vLLM wrote
-  one; trusted as compile artifacts are (``ArtifactStore.refusal``): signed with keys, else
-  from a local directory no other user could write, or a remote store the operator trusts.
+  one; trusted as compile artifacts are (``trust.Trust.refusal``): signed with keys, else
+  from a local directory no other user could write, or a remote store the operator trusts
+  (``ModelInfoKind``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import secrets
@@ -34,10 +36,16 @@ from typing import Any
 
 import orjson
 
+from plancache._artifacts.archive import Readable
+from plancache._artifacts.engine import Engine, Fetched, Source, count
 from plancache._artifacts.manifest import decode_versioned
+from plancache._artifacts.trust import Refused
+from plancache._objects import Opened
 from plancache._plan import Signature
 from plancache._signing import Keyring, SignatureVerdict
 from plancache.errors import ArtifactError
+
+log = logging.getLogger("plancache")
 
 FORMAT = 1
 NAME_PREFIX = "model_info_"
@@ -48,12 +56,12 @@ MAX_BYTES = 256 * 1024
 _NAME = re.compile(rf"{NAME_PREFIX}[0-9a-f]{{64}}\.json")
 
 
-def is_object_name(name: str) -> bool:
+def is_model_info_object_name(name: str) -> bool:
     """True if ``name`` is a model-info object's name."""
     return bool(_NAME.fullmatch(name))
 
 
-def object_name(vllm_version: str, module: str, cls: str, module_hash: str) -> str:
+def model_info_object_name(vllm_version: str, module: str, cls: str, module_hash: str) -> str:
     """The object of a model-info file: vLLM's version, the class and its source's hash."""
     key = "\0".join((vllm_version, module, cls, module_hash)).encode()
     return f"{NAME_PREFIX}{hashlib.sha256(key).hexdigest()}.json"
@@ -77,7 +85,7 @@ class ModelInfo:
 
     @property
     def name(self) -> str:
-        return object_name(self.vllm, self.module, self.cls, self.module_hash)
+        return model_info_object_name(self.vllm, self.module, self.cls, self.module_hash)
 
     def _body(self) -> dict[str, Any]:
         return {
@@ -135,6 +143,17 @@ class ModelInfo:
         return cls(vllm, module, klass, file, float(created), signature)
 
 
+def read(stream: Readable) -> ModelInfo:
+    """The envelope ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
+    ``ArtifactError`` for anything else."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= MAX_BYTES and (chunk := stream.read(MAX_BYTES + 1 - got)):
+        chunks.append(chunk)
+        got += len(chunk)
+    return ModelInfo.decode(b"".join(chunks))
+
+
 def read_file(path: Path) -> dict[str, Any] | None:
     """The model-info file vLLM wrote at ``path`` (a regular file, at most ``MAX_BYTES``),
     or None if there is none or it is not one."""
@@ -179,3 +198,39 @@ def install(info: ModelInfo, path: Path) -> bool:
 def made(vllm: str, module: str, cls: str, file: dict[str, Any], keyring: Keyring) -> ModelInfo:
     """The envelope of a file this node's vLLM wrote, signed where ``keyring`` can sign."""
     return ModelInfo(vllm, module, cls, file, time.time()).signed_with(keyring)
+
+
+class ModelInfoKind(Engine):
+    """The kind on the engine's stores (see the module docstring)."""
+
+    def fetch_model_info(self, name: str, module_hash: str, path: Path) -> Fetched:
+        """Install the model-info file ``name`` (of a module whose source has
+        ``module_hash``) at ``path`` from the first source that holds a trusted, valid one,
+        never over a file there. Never raises."""
+        start = time.monotonic()
+
+        def install_from(source: Source, name: str, opened: Opened) -> ModelInfo | None:
+            info = read(opened)
+            if info.name != name or info.module_hash != module_hash:
+                raise ArtifactError("model info of another module, class or source")
+            why = self.refusal(info.verdict, source.local, opened.foreign)
+            if why is not None:
+                raise Refused(why.refusal, why.detail, "model info")
+            return info if install(info, path) else None
+
+        got = self.read("model info", lambda layer: [name], install_from)
+        result = Fetched(got.reason, source=got.source, seconds=time.monotonic() - start)
+        count("model_info", result.reason, result.seconds)
+        return result
+
+    def upload_model_info(self, info: ModelInfo) -> dict[str, bool]:
+        """Store ``info`` create-if-absent on the store (unless it refuses writes: logged),
+        then on the local tier; {destination: created}. Never raises."""
+        out: dict[str, bool] = {}
+        for label, layer in self.destinations():
+            try:
+                out[label] = layer.write_object(info.name, [info.encode()])
+            except Exception as exc:
+                log.warning("plancache: model info: not written to the %s: %s", label, exc)
+        self.written("model_info", out)
+        return out

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from plancache import _background as background
 from plancache._background import Job, JobTimeout
+from plancache._forwarding import ForwardingStore
 from plancache._redaction import without_userinfo
 from plancache._signing import Keyring
-from plancache._store import ForwardingStore, PlanStore
+from plancache._store import PlanStore
 from plancache.errors import PlanStoreUnavailableError
 
 OPEN_TIMEOUT_S = 5.0

@@ -41,7 +41,7 @@ from pathlib import Path
 from plancache._defaults import default_dir
 from plancache._neighbours import NO_FOLLOW, foreign, kind
 from plancache._objects import CREATE, Opened, Update, WriteMode, check_name
-from plancache._store import READ_LIMIT, PlanStore
+from plancache._store import READ_LIMIT, STALE_TEMP_SECONDS, PlanStore
 from plancache.errors import (
     InvalidPlanError,
     PlanStoreError,
@@ -52,7 +52,6 @@ from plancache.errors import (
 
 TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".startup_plan.lock"
-STALE_TEMP_SECONDS = 3600.0
 LOCK_MODE = 0o664
 log = logging.getLogger("plancache")
 

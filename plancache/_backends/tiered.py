@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from plancache import _background as background
+from plancache._forwarding import ForwardingStore
 from plancache._keys import is_key_prefix, validate_key
 from plancache._objects import CREATE, WriteMode
 from plancache._plan import Plan
 from plancache._signing import Keyring
-from plancache._store import ForwardingStore, PlanStore, Put
+from plancache._store import PlanStore, Put
 from plancache.errors import (
     InvalidPlanError,
     PlanStoreError,
@@ -70,6 +71,10 @@ class TieredStore(ForwardingStore):
     @property
     def inner(self) -> PlanStore:
         return self.remote
+
+    @property
+    def local_tier(self) -> PlanStore | None:
+        return self.local
 
     @property
     def atomic(self) -> bool:  # type: ignore[override]

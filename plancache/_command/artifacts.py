@@ -14,7 +14,7 @@ from typing import Any
 
 from plancache._artifacts import modelinfo
 from plancache._artifacts.archive import remove_partial_installs
-from plancache._artifacts.manifest import parse_cache_name, parse_object_name
+from plancache._artifacts.manifest import parse_artifact_object_name, parse_cache_name
 from plancache._command.display import age, echo, plural, print_table, size, when
 from plancache._inventory import artifacts as inventory
 from plancache._inventory.artifacts import ArtifactRecord
@@ -33,13 +33,17 @@ def is_ref(text: str) -> bool:
     """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name) or a model
     info (its object name), not a plan."""
     return (
-        bool(_REF.fullmatch(text.strip())) or parse_object_name(text) is not None or _by_name(text)
+        bool(_REF.fullmatch(text.strip()))
+        or parse_artifact_object_name(text) is not None
+        or _by_name(text)
     )
 
 
 def _by_name(text: str) -> bool:
     """True for the object name of a cache bundle or a model info (named only so)."""
-    return parse_cache_name(text.strip()) is not None or modelinfo.is_object_name(text.strip())
+    return parse_cache_name(text.strip()) is not None or modelinfo.is_model_info_object_name(
+        text.strip()
+    )
 
 
 def _ref(e: ArtifactRecord) -> str:
@@ -197,7 +201,7 @@ def ls_model_info(layer: ObjectLayer, keyring: Keyring) -> list[ArtifactRecord]:
 
 
 def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
-    if modelinfo.is_object_name(ref.strip()):
+    if modelinfo.is_model_info_object_name(ref.strip()):
         return _show_model_info(layer, ref.strip(), keyring)
     bundle = parse_cache_name(ref.strip()) is not None
     [name] = [ref.strip()] if bundle else inventory.resolve(layer, [ref])

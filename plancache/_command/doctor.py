@@ -33,20 +33,16 @@ from pathlib import Path
 from typing import Literal
 
 from plancache._backends._remote import RemoteStore
-from plancache._backends.guarded import (
-    TRUST_VARIABLE,
-    VERDICTS_DIR,
-    VerdictCache,
-    identity,
-    share,
-)
+from plancache._backends.guarded import TRUST_VARIABLE
+from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, share
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
 from plancache._config import Settings, keyring_from_env, parse_storage_options
+from plancache._forwarding import ForwardingStore, beneath
 from plancache._keys import plan_object_name
 from plancache._probe import STEPS, StoreVerdict, probe
 from plancache._redaction import scrub, secret_values, without_userinfo
-from plancache._store import READ_LIMIT, ForwardingStore, PlanStore, beneath
+from plancache._store import READ_LIMIT, PlanStore
 from plancache._switches import kinds
 from plancache.errors import ConfigError, PlanStoreError
 

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from plancache._artifacts.share import CompileSettings
+from plancache._artifacts.engine import CompileSettings
 from plancache._backends.local import LocalStore
 from plancache._config import (
     Settings,
@@ -29,8 +29,9 @@ from plancache._config import (
     parse_storage_options,
     read_key_file,
 )
+from plancache._forwarding import beneath
 from plancache._signing import Keyring, parse_keys
-from plancache._store import PlanStore, beneath
+from plancache._store import PlanStore
 from plancache.errors import CliError
 
 

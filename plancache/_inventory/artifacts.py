@@ -32,26 +32,21 @@ from plancache._artifacts.manifest import (
     CACHE_PREFIX,
     DEFAULT_MAX_BYTES,
     NAME_PREFIX,
+    parse_artifact_object_name,
     parse_cache_name,
-    parse_object_name,
 )
+from plancache._artifacts.trust import Refused, Signed, copy_refusal, signature_refusal
 from plancache._inventory import UNREADABLE_HERE, prunable
 from plancache._objects import ObjectLayer
-from plancache._plan import Signature
-from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError, UnreadableHereError
 
 
-class Head(Protocol):
+class Head(Signed, Protocol):
     """What a code kind's object says of itself at its head (a manifest, an envelope)."""
 
     @property
     def created_at(self) -> float: ...
-
-    @property
-    def signature(self) -> Signature | None: ...
-
-    def verdict(self, keyring: Keyring, /) -> SignatureVerdict: ...
 
 
 @dataclass(frozen=True)
@@ -66,20 +61,20 @@ class CodeKind:
     named: Callable[[str], bool]
     head: Callable[[Readable, int], Head]
     owns: Callable[[Head, str], bool]
-    check: Callable[[Readable, str, Callable[[Any], str | None], int], None]
+    check: Callable[[Readable, str, Callable[[Any], Refused | None], int], None]
 
 
 def _check_artifact(
-    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
 ) -> None:
-    parsed = parse_object_name(name)
+    parsed = parse_artifact_object_name(name)
     assert parsed is not None
     with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
         install(stream, Path(temp) / parsed[0], *parsed, accept=accept, max_bytes=max_bytes)
 
 
 def _check_bundle(
-    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
 ) -> None:
     parsed = parse_cache_name(name)
     assert parsed is not None
@@ -91,30 +86,23 @@ def _check_bundle(
         raise ArtifactError("its files are not those its name says")
 
 
-def _read_info(stream: Readable, max_bytes: int) -> modelinfo.ModelInfo:
-    data = b""
-    while len(data) <= modelinfo.MAX_BYTES and (chunk := stream.read(1 << 16)):
-        data += chunk
-    return modelinfo.ModelInfo.decode(data)
-
-
 def _check_info(
-    stream: Readable, name: str, accept: Callable[[Any], str | None], max_bytes: int
+    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
 ) -> None:
-    info = _read_info(stream, max_bytes)
+    info = modelinfo.read(stream)
     if info.name != name:
         raise ArtifactError("its envelope names another module, class or source")
     why = accept(info)
     if why is not None:
-        raise ArtifactError(f"model info refused: {why}")
+        raise Refused(why.refusal, why.detail, "model info")
 
 
 ARTIFACTS = CodeKind(
     "compile artifact",
     NAME_PREFIX,
-    lambda name: parse_object_name(name) is not None,
+    lambda name: parse_artifact_object_name(name) is not None,
     lambda stream, max_bytes: read_manifest(stream, max_bytes=max_bytes),
-    lambda head, name: (head.key, head.rank) == parse_object_name(name),  # type: ignore[attr-defined]
+    lambda head, name: (head.key, head.rank) == parse_artifact_object_name(name),  # type: ignore[attr-defined]
     _check_artifact,
 )
 CACHES = CodeKind(
@@ -128,8 +116,8 @@ CACHES = CodeKind(
 MODEL_INFO = CodeKind(
     "model info",
     modelinfo.NAME_PREFIX,
-    modelinfo.is_object_name,
-    _read_info,
+    modelinfo.is_model_info_object_name,
+    lambda stream, max_bytes: modelinfo.read(stream),
     lambda head, name: head.name == name,  # type: ignore[attr-defined]
     _check_info,
 )
@@ -190,7 +178,7 @@ def resolve(layer: ObjectLayer, refs: Sequence[str]) -> list[str]:
             n
             for n in known
             if n == ref
-            or ((p := parse_object_name(n)) and p[0].startswith(prefix) and p[1] == rank)
+            or ((p := parse_artifact_object_name(n)) and p[0].startswith(prefix) and p[1] == rank)
         ]
         if len(matches) != 1 or not prefix:
             what = "no compile artifact" if not matches else f"{len(matches)} compile artifacts"
@@ -236,11 +224,8 @@ def verify(
     if opened is None:
         return None
 
-    def signed(head: Head) -> str | None:
-        if not keyring.requires_signature:
-            return None
-        verdict = head.verdict(keyring)
-        return None if verdict is SignatureVerdict.VALID else f"invalid:signature ({verdict})"
+    def signed(head: Head) -> Refused | None:
+        return signature_refusal(keyring, head.verdict)
 
     try:
         kind.check(opened, name, signed, max_bytes)
@@ -269,10 +254,10 @@ def copy(
 ) -> bool | str | None:
     """Stream ``name`` from ``source`` to ``target``, create-if-absent, as stored (nothing
     is re-signed). Artifacts are code, and a node installs unsigned ones from a local store
-    without a key: so an artifact is copied only if ``keyring`` holds keys and an accepted
-    one validly signed it, or with ``trust_unsigned`` (the operator's explicit word); else
-    it is skipped. True if created, False if ``target`` had it, None if ``source`` has not,
-    and the reason as text where it was skipped."""
+    without a key: so an artifact is copied only where the trust module's rule finds it
+    signed by an accepted key (``trust.copy_refusal``), or with ``trust_unsigned`` (the
+    operator's explicit word); else it is skipped. True if created, False if ``target``
+    had it, None if ``source`` has not, and the reason as text where it was skipped."""
     opened = source.open_object(name)
     if opened is None:
         return None
@@ -282,10 +267,9 @@ def copy(
                 head = kind.head(opened, DEFAULT_MAX_BYTES)
             except ArtifactError as exc:
                 return f"unreadable here ({exc})"
-            verdict = head.verdict(keyring) if keyring.requires_signature else None
-            if verdict is not SignatureVerdict.VALID:
-                why = "unsigned" if head.signature is None else f"signature {verdict}"
-                return f"{why} (copying unsigned code needs --trust-unsigned, or keys)"
+            why = copy_refusal(head, keyring)
+            if why is not None:
+                return why
             opened.close()
             opened = source.open_object(name)
             if opened is None:

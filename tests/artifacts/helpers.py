@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from plancache._artifacts.archive import pack
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.packing import pack
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._signing import Keyring
 

@@ -14,9 +14,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plancache._artifacts import archive
-from plancache._artifacts.archive import ArtifactError, install, pack
-from plancache._artifacts.manifest import MANIFEST_NAME, Manifest, object_name, parse_object_name
+from plancache._artifacts import archive, packing
+from plancache._artifacts.archive import ArtifactError, install
+from plancache._artifacts.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    artifact_object_name,
+    parse_artifact_object_name,
+)
+from plancache._artifacts.packing import pack
 from plancache._signing import Keyring, SignatureVerdict
 from tests.artifacts.helpers import KEY, RANK, make_tree, stream
 
@@ -219,7 +225,7 @@ def test_member_not_in_manifest_is_refused(tmp_path: Path) -> None:
 def test_extra_member_after_the_last_is_refused(tmp_path: Path) -> None:
     src = make_tree(tmp_path / "a" / KEY)
     _, chunks = pack(src, KEY, RANK, compress=False)
-    body = b"".join(chunks)[: -2 * archive.BLOCK]  # without the end-of-archive blocks
+    body = b"".join(chunks)[: -2 * packing.BLOCK]  # without the end-of-archive blocks
     extra = tarfile.TarInfo("inductor_cache/extra")
     extra.size = 1
     data = body + extra.tobuf(tarfile.USTAR_FORMAT) + b"x".ljust(512, b"\0") + b"\0" * 1024
@@ -235,15 +241,15 @@ def test_size_and_file_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     data = stream(src).read()
     with pytest.raises(ArtifactError, match="over 100"):
         install(io.BytesIO(data), tmp_path / "b" / KEY, KEY, RANK, accept=accept_all, max_bytes=100)
-    monkeypatch.setattr(archive, "MAX_FILES", 2)
+    monkeypatch.setattr(packing, "MAX_FILES", 2)
     with pytest.raises(ArtifactError, match="caps"):
         pack(src, KEY, RANK)
     assert untouched(tmp_path / "b" / KEY)
 
 
 def test_object_names() -> None:
-    name = object_name(KEY, RANK)
+    name = artifact_object_name(KEY, RANK)
     assert name == f"compile_artifact_{KEY}_{RANK}.tar"
-    assert parse_object_name(name) == (KEY, RANK)
-    assert parse_object_name(f"startup_plan_{KEY}.json") is None
-    assert parse_object_name(f"compile_artifact_{KEY}_rank_x_0.tar") is None
+    assert parse_artifact_object_name(name) == (KEY, RANK)
+    assert parse_artifact_object_name(f"startup_plan_{KEY}.json") is None
+    assert parse_artifact_object_name(f"compile_artifact_{KEY}_rank_x_0.tar") is None

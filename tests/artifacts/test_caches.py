@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from plancache._artifacts import archive
+from plancache._artifacts import archive, packing
 from plancache._artifacts.manifest import (
     CACHE_KINDS,
     Manifest,
@@ -49,13 +49,13 @@ def _kernel(root: Path, key: str, name: str = "add", body: bytes = b"\x7fELF cub
 def test_bundle_names_carry_the_kind_the_scope_and_the_content_alone(tmp_path: Path) -> None:
     for key in ("A" * 52, "B" * 52):
         _kernel(tmp_path / "a", key)
-    files_a = archive.scan_cache(tmp_path / "a")
-    one, _ = archive.pack_cache(tmp_path / "a", "triton", SCOPE, files_a)
+    files_a = packing.scan_cache(tmp_path / "a")
+    one, _ = packing.pack_cache(tmp_path / "a", "triton", SCOPE, files_a)
     time.sleep(0.01)
-    two, _ = archive.pack_cache(tmp_path / "a", "triton", SCOPE, archive.scan_cache(tmp_path / "a"))
+    two, _ = packing.pack_cache(tmp_path / "a", "triton", SCOPE, packing.scan_cache(tmp_path / "a"))
     assert one.name == two.name and one.created_at != two.created_at  # same files, one object
     assert parse_cache_name(one.name) == ("triton", SCOPE, one.content)
-    other, _ = archive.pack_cache(tmp_path / "a", "triton", "0" * 64, files_a)
+    other, _ = packing.pack_cache(tmp_path / "a", "triton", "0" * 64, files_a)
     assert other.name != one.name
     assert parse_cache_name("cache_my_jit_" + SCOPE + "_" + "0" * 32 + ".tar") == (
         "my_jit",
@@ -91,19 +91,19 @@ def test_scan_leaves_out_temp_lock_and_known_files(tmp_path: Path) -> None:
     (root / "K" / "bad name").write_bytes(b"")  # no bundle may hold it: left out
     os.symlink("/etc/passwd", root / "K" / "link")
     os.mkfifo(root / "K" / "fifo")
-    paths = [e.path for e in archive.scan_cache(root)]
+    paths = [e.path for e in packing.scan_cache(root)]
     assert paths == sorted(
         f"{'K' * 52}/{n}" for n in ("__grp__add.json", "add.cubin", "add.json", "add.ptx")
     )
     known = frozenset(paths[:2])
-    assert [e.path for e in archive.scan_cache(root, known)] == paths[2:]
-    assert len(archive.scan_cache(root, max_bytes=20)) < len(paths)  # the rest: a later bundle
+    assert [e.path for e in packing.scan_cache(root, known)] == paths[2:]
+    assert len(packing.scan_cache(root, max_bytes=20)) < len(paths)  # the rest: a later bundle
 
 
 def test_install_never_replaces_a_file_and_puts_the_group_file_last(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _kernel(src, "K" * 52)
-    manifest, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src))
+    manifest, chunks = packing.pack_cache(src, "triton", SCOPE, packing.scan_cache(src))
     data = b"".join(chunks)
     node = tmp_path / "node"
     (node / ("K" * 52)).mkdir(parents=True)
@@ -140,7 +140,7 @@ def test_a_group_file_triton_did_not_write_is_not_installed(tmp_path: Path) -> N
     (src / ("K" * 52) / "__grp__add.json").write_bytes(
         orjson.dumps({"child_paths": {"add.cubin": "/etc/add.cubin", "x": "/etc/passwd"}})
     )
-    _, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src))
+    _, chunks = packing.pack_cache(src, "triton", SCOPE, packing.scan_cache(src))
     node = tmp_path / "node"
     _, installed = archive.install_cache(
         io.BytesIO(b"".join(chunks)), node, "triton", SCOPE, accept=lambda m: None
@@ -151,7 +151,7 @@ def test_a_group_file_triton_did_not_write_is_not_installed(tmp_path: Path) -> N
 def test_a_tampered_foreign_or_refused_bundle_installs_nothing(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _kernel(src, "K" * 52, body=b"C" * 4096)
-    _, chunks = archive.pack_cache(src, "triton", SCOPE, archive.scan_cache(src), compress=False)
+    _, chunks = packing.pack_cache(src, "triton", SCOPE, packing.scan_cache(src), compress=False)
     data = b"".join(chunks)
     node = tmp_path / "node"
     tampered = data.replace(b"C" * 64, b"D" * 64, 1)

@@ -12,8 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plancache._artifacts.manifest import object_name
-from plancache._artifacts.share import CLAIM_SUFFIX, ArtifactStore, CompileSettings, claim
+from plancache._artifacts.claims import CLAIM_SUFFIX, claim
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.manifest import artifact_object_name
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache.testing import LocalStore
 from plancache.testing.servers import CountingProxy
@@ -63,7 +65,7 @@ def test_a_herd_sends_the_artifact_about_once(
 
 def test_a_claim_blocks_until_it_expires(tmp_path: Path) -> None:
     store = LocalStore(str(tmp_path / "store"))
-    name = object_name(KEY, RANK)
+    name = artifact_object_name(KEY, RANK)
     now = time.time()
     held = claim(store, name, 0, now=now)
     assert held is not None
@@ -81,7 +83,7 @@ def test_a_node_uploads_where_the_claim_holder_died(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     settings = Settings(store)
     artifacts = ArtifactStore(settings, CompileSettings())
-    name = object_name(KEY, RANK)
+    name = artifact_object_name(KEY, RANK)
     assert claim(LocalStore(store), name, 0) is not None  # a node that then died
     assert artifacts.upload(root, KEY, RANK) == {"store": False}
     stale = orjson.dumps({"host": "dead", "pid": 1, "until": time.time() - 1})

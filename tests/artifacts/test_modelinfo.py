@@ -35,13 +35,13 @@ def _info(keyring: Keyring | None = None, file: dict[str, Any] = FILE) -> modeli
 
 def test_the_key_is_vllms_hash_of_the_source_the_class_and_vllms_version() -> None:
     names = {
-        modelinfo.object_name(*WHERE, HASH),
-        modelinfo.object_name("0.32.0", *WHERE[1:], HASH),
-        modelinfo.object_name(WHERE[0], WHERE[1], "Other", HASH),
-        modelinfo.object_name(*WHERE, "0" * 64),
+        modelinfo.model_info_object_name(*WHERE, HASH),
+        modelinfo.model_info_object_name("0.32.0", *WHERE[1:], HASH),
+        modelinfo.model_info_object_name(WHERE[0], WHERE[1], "Other", HASH),
+        modelinfo.model_info_object_name(*WHERE, "0" * 64),
     }
     assert len(names) == 4 and all(n.startswith("model_info_") for n in names)
-    assert _info().name == modelinfo.object_name(*WHERE, HASH)
+    assert _info().name == modelinfo.model_info_object_name(*WHERE, HASH)
 
 
 def test_envelopes_are_checked_on_every_decode() -> None:
@@ -65,7 +65,7 @@ def test_a_new_node_gets_the_file_and_keeps_its_own(tmp_path: Path) -> None:
     target.write_bytes(b'{"hash": "mine"}')
     assert shared.fetch_model_info(_info().name, HASH, target).reason == "present"
     assert target.read_bytes() == b'{"hash": "mine"}'  # never over the node's own
-    other = modelinfo.object_name(*WHERE, "0" * 64)
+    other = modelinfo.model_info_object_name(*WHERE, "0" * 64)
     assert shared.fetch_model_info(other, "0" * 64, tmp_path / "x.json").reason == "miss"
 
 

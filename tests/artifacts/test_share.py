@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from plancache import open_store
-from plancache._artifacts.archive import pack
-from plancache._artifacts.manifest import object_name
-from plancache._artifacts.share import ArtifactStore, CompileSettings, Uploads
+from plancache._artifacts.engine import CompileSettings, Uploads
+from plancache._artifacts.manifest import artifact_object_name
+from plancache._artifacts.packing import pack
+from plancache._artifacts.store import ArtifactStore
 from plancache._backends.gcs import GCSStore
 from plancache._backends.s3 import S3Store
 from plancache._config import Settings
@@ -31,7 +32,7 @@ from plancache.testing.servers import FakeGCS, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
 
 K1, K2 = "k1-" + "a" * 30, "k2-" + "b" * 30
-NAME = object_name(KEY, RANK)
+NAME = artifact_object_name(KEY, RANK)
 NODE = Path(__file__).with_name("upload_node.py")
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from plancache import open_store
-from plancache._artifacts.archive import pack
+from plancache._artifacts.packing import pack
 from tests.artifacts.helpers import KEY, RANK
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from plancache import open_store
-from plancache._artifacts.archive import pack
-from plancache._artifacts.manifest import object_name
+from plancache._artifacts.manifest import artifact_object_name
+from plancache._artifacts.packing import pack
 from plancache._inventory.artifacts import names as artifact_names
 from plancache._signing import Keyring
 from plancache.testing import child_env
@@ -102,7 +102,7 @@ def test_cp_streams_artifacts_to_s3(
     assert artifact_names(open_store(url, **options)) == names
     listed = ok("ls", url, "--storage-options", json.dumps(options), env=env)
     assert f"{KEY[:12]}/rank_1_0" in listed
-    assert object_name(KEY, "rank_0_0") in names
+    assert artifact_object_name(KEY, "rank_0_0") in names
 
 
 def _keys(tmp_path: Path) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from plancache._backends import open_store
 from plancache._backends._remote import RemoteStore
-from plancache._backends.guarded import SHARED_VERDICT, VERDICTS_DIR
+from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR
 from plancache.testing import child_env
 from plancache.testing.hostile import FaultyProxy, LyingProxy, SilentServer, writes
 from plancache.testing.servers import CountingProxy

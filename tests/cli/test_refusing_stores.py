@@ -29,8 +29,8 @@ import boto3
 import pytest
 
 from plancache import open_store
-from plancache._artifacts.archive import pack
-from plancache._artifacts.manifest import object_name as artifact_name
+from plancache._artifacts.manifest import artifact_object_name as artifact_name
+from plancache._artifacts.packing import pack
 from plancache._backends._remote import PROBE_PREFIX
 from plancache._keys import fingerprint, plan_object_name
 from plancache.testing import GiB, child_env

@@ -23,8 +23,9 @@ import pytest
 
 from plancache import open_store
 from plancache._artifacts.archive import installed_manifest
-from plancache._artifacts.manifest import parse_object_name
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.manifest import parse_artifact_object_name
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._inventory.artifacts import names as artifact_names
 from plancache._signing import Keyring
@@ -103,7 +104,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> Cold:
     assert not report["loaded_from_disk"] and report["equal_eager"]
     names = artifact_names(open_store(str(store)))
     assert len(names) == 1, log[-3000:]
-    parsed = parse_object_name(names[0])
+    parsed = parse_artifact_object_name(names[0])
     assert parsed is not None and parsed[1] == "rank_0_0"
     assert "stored: store=created" in log
     assert report["inspections"] == 1, log[-3000:]  # no model info anywhere: vLLM inspects

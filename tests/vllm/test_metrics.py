@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plancache._artifacts.share import ArtifactStore, CompileSettings
+from plancache._artifacts.engine import CompileSettings
+from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache.testing.servers import closed_port
 from tests.vllm import support

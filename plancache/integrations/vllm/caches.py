@@ -49,7 +49,7 @@ from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
-from plancache._artifacts.share import ArtifactStore
+from plancache._artifacts.store import ArtifactStore
 from plancache._background import Job
 from plancache.caches import GeneratedCache, directory_cache, triton_cache
 from plancache.integrations.vllm import compile

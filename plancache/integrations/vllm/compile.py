@@ -12,7 +12,8 @@ whether or not a ``Worker`` is involved. The wrapper:
 2. if ``model`` is missing locally, fetches the artifact of (key, rank) and installs it
    (``plancache._artifacts``: trusted and verified, atomically), and leaves a crash mark.
    Steps 1 and 2 start when the model is built (``_support_torch_compile`` is wrapped too:
-   its classes compute the path as vLLM's first forward will, in a daemon thread), so the
+   its classes compute the path as vLLM's first forward will, in a daemon thread:
+   ``prefetch``), so the
    fetch overlaps the weights' loading; the first forward joins it (or, for a model built
    before the plugin registered, does them itself);
 3. lets vLLM load as usual. If vLLM refused what was installed (it recompiles), that is
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -53,28 +53,21 @@ from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts.archive import TEMP_PREFIX, installed_manifest
+from plancache._artifacts.compiled import ARTIFACT_MARKS_DIR, artifact_id, as_observation
+from plancache._artifacts.engine import CompileSettings, Fetched, Uploads
 from plancache._artifacts.manifest import INDUCTOR_DIR, Manifest, check_key, check_rank
-from plancache._artifacts.share import (
-    MARKS_DIR,
-    ArtifactStore,
-    CompileSettings,
-    Fetched,
-    Uploads,
-    artifact_id,
-    as_observation,
-    join_fetch,
-)
+from plancache._artifacts.store import ArtifactStore
 from plancache._background import Job
 from plancache._breaker import Breaker, Mark
 from plancache._observation import Observation
 from plancache.integrations.vllm.apply import safely
+from plancache.integrations.vllm.prefetch import MARK, PREFETCH_ATTR, Prefetch, wrap_decorator
 
 log = logging.getLogger("plancache.vllm")
 
 TARGET_MODULE = "vllm.compilation.decorators"
 LOADER = "_try_load_aot_compiled_fn"
 DECORATOR = "_support_torch_compile"
-MARK = "__plancache_wrapped__"
 
 uploads = Uploads()
 """This process's background uploads (``uploads.wait(seconds)`` joins them)."""
@@ -155,7 +148,7 @@ def store(deadline: float | None = None) -> ArtifactStore | None:
 def breaker() -> Breaker:
     from plancache._config import Settings
 
-    return Breaker(Path(Settings.from_env().local_dir) / MARKS_DIR)
+    return Breaker(Path(Settings.from_env().local_dir) / ARTIFACT_MARKS_DIR)
 
 
 def patch_decorators(module: ModuleType) -> bool:
@@ -177,7 +170,7 @@ def patch_decorators(module: ModuleType) -> bool:
         return False
     setattr(module, LOADER, _wrap_loader(original, logging.getLogger(module.__name__)))
     if decorate is not None:
-        setattr(module, DECORATOR, _wrap_decorator(decorate))
+        setattr(module, DECORATOR, wrap_decorator(decorate, _start_prefetch))
     _start_opening()  # importing a client library takes a while: before the first forward
     return True
 
@@ -234,11 +227,11 @@ def _before_load(model: Any, path: str) -> _Load | None:
     _wrap_save(type(model))
     prefetch = getattr(model, PREFETCH_ATTR, None)
     where = None
-    if isinstance(prefetch, _Prefetch):  # started when the model was built: overlapped loading
+    if isinstance(prefetch, Prefetch):  # started when the model was built: overlapped loading
         where = prefetch.join()
         if not prefetch.job.done():
             return attempt  # the fetch bound is spent: vLLM compiles
-    if isinstance(prefetch, _Prefetch) and where == (attempt.root, attempt.rank):
+    if isinstance(prefetch, Prefetch) and where == (attempt.root, attempt.rank):
         fetched = prefetch.fetched
     else:  # built before the plugin registered, or vLLM's path differs from the one computed
         fetched = _prepare(attempt.root, attempt.key, attempt.rank)
@@ -342,98 +335,18 @@ def upload_additions(artifacts: ArtifactStore) -> None:
             )
 
 
-# -- the prefetch, when the model is built ---------------------------------------------------
-PREFETCH_ATTR = "_plancache_compile_prefetch"
 STARTED_ATTR = "_plancache_first_forward_started"
 """When the first forward reached vLLM's AOT loader (monotonic): a compile's cost runs from
 there to the save."""
 
 
-class _Prefetch:
-    """A fetch started when a ``support_torch_compile`` model was built, in a daemon thread:
-    it computes the artifact's path as vLLM will at the first forward, then ``_prepare``."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.where: tuple[Path, str] | None = None
-        self.fetched: Fetched | None = None
-        self.deadline = time.monotonic() + settings().fetch_timeout  # one bound, in all
-        self.cancelled = threading.Event()
-        self.streaming = threading.Event()
-        self.job: Job[object] = background.start(self._run, "plancache-compile-fetch")
-
-    def _run(self) -> None:
-        self.where = safely(_aot_path, self.model)
-        self.model = None  # no reference kept past the key
-        if self.where is not None:
-            root, rank = self.where
-            self.fetched = safely(
-                _prepare,
-                root,
-                root.name,
-                rank,
-                True,
-                self.deadline,
-                self.cancelled.is_set,
-                self.streaming,
-            )
-
-    def join(self) -> tuple[Path, str] | None:
-        """Wait for the prefetch (``join_fetch``: until its deadline, the fetch bound from
-        its start with the store's opening included, once it streams; else ``JOIN_S``, and
-        at least ``FIRST_ANSWER_S`` from its start);
-        where it fetched for, or None if it computed no path or is still running: then it
-        is cancelled, and installs nothing after this."""
-        started = self.deadline - settings().fetch_timeout
-        if join_fetch(self.job, self.deadline, self.streaming, self.cancelled, started):
-            return self.where
-        return None
-
-
-def _aot_path(model: Any) -> tuple[Path, str] | None:
-    """(vLLM's ``<key>`` directory, ``rank_<r>_<dp>``) of ``model``, computed as vLLM's
-    ``support_torch_compile.__call__`` does (vllm 0.33 decorators.py ~l.560-585); None where
-    vLLM will not load an AOT artifact."""
-    import vllm.envs as envs
-    from vllm.compilation import decorators
-    from vllm.compilation.caching import aot_compile_hash_factors
-
-    allowed = getattr(model, "_allow_aot_compile", True)  # vLLM 0.31 and 0.32 have no flag
-    if model.do_not_compile or not (allowed and envs.VLLM_USE_AOT_COMPILE):
-        return None
-    if envs.VLLM_DISABLE_COMPILE_CACHE:
-        return None
-    factors: list[str] = aot_compile_hash_factors(model.vllm_config)
-    factors.append(decorators._model_hash_key(model.forward))
-    key = hashlib.sha256(str(factors).encode()).hexdigest()
-    root = Path(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile", key)
-    parallel = model.vllm_config.parallel_config
-    return root, check_rank(f"rank_{parallel.rank}_{parallel.data_parallel_index}")
-
-
-def _wrap_decorator(original: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's ``_support_torch_compile``, whose classes start the prefetch once built."""
-
-    @functools.wraps(original)
-    def support(cls: type, *args: Any, **kwargs: Any) -> type:
-        out: type = original(cls, *args, **kwargs)
-        init = vars(out).get("__init__")  # set on the class by the decorator
-        if callable(init) and not getattr(init, MARK, False):
-
-            @functools.wraps(init)
-            def __init__(self: Any, *a: Any, **kw: Any) -> None:
-                init(self, *a, **kw)
-                if settings().enabled and not getattr(self, "do_not_compile", True):
-                    prefetch = safely(_Prefetch, self)
-                    if prefetch is not None:
-                        object.__setattr__(self, PREFETCH_ATTR, prefetch)
-
-            setattr(__init__, MARK, True)
-            out.__init__ = __init__  # type: ignore[misc]
-        return out
-
-    setattr(support, MARK, True)
-    return support
+def _start_prefetch(model: Any) -> None:
+    """Start ``model``'s prefetch (``Prefetch``: ``_prepare`` in a daemon thread, within the
+    fetch bound) where compile artifacts are shared and vLLM compiles it."""
+    if settings().enabled and not getattr(model, "do_not_compile", True):
+        prefetch = safely(Prefetch, model, _prepare, settings().fetch_timeout)
+        if prefetch is not None:
+            object.__setattr__(model, PREFETCH_ATTR, prefetch)
 
 
 def _after_load(attempt: _Load, loaded: Any, warnings: list[str]) -> Any:

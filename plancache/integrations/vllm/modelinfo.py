@@ -29,7 +29,7 @@ from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts import modelinfo
-from plancache._artifacts.share import Fetched
+from plancache._artifacts.engine import Fetched
 from plancache._defaults import DEFAULT_BUDGET_S
 from plancache._parse import parse_timeout
 from plancache.integrations.vllm import compile
@@ -102,7 +102,7 @@ def _fetch(model: Any, module_hash: str) -> bool:
     """True if a shared file was installed for ``model`` (within the plans' budget)."""
     try:
         path, version, module, cls = _where(model)
-        name = modelinfo.object_name(version, module, cls, module_hash)
+        name = modelinfo.model_info_object_name(version, module, cls, module_hash)
 
         def fetch() -> Fetched | None:  # the store's opening counts to the budget too
             artifacts = compile.opened()

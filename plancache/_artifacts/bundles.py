@@ -1,0 +1,99 @@
+"""The cache bundles kind: what nodes added to a generated cache (Triton's, Inductor's,
+FlashInfer's autotune files, any program's), loaded as code. One module serves every cache:
+a bundle is parameterised by its cache's kind name and scope.
+
+- name: ``cache_<kind>_<scope>_<content>.tar`` (``manifest.cache_object_name``): the scope
+  hashes the factors the cache's files are valid under, the content id the files alone, so
+  nodes that add the same files name the same object;
+- encoding: the signed manifest and tar stream of ``packing`` (``scan_cache``, ``pack_cache``);
+  verified and installed by ``archive.install_cache``, file by file, create-if-absent;
+- policy: a fetch installs every trusted, valid bundle of the kind and scope (at most
+  ``MAX_BUNDLES`` a source, within the fetch bound); an upload stores what the node added
+  (a delta on what the bundles read list) as one bundle, create-if-absent, under a claim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from plancache._artifacts.archive import install_cache, remove_partial_installs
+from plancache._artifacts.engine import CacheFetched, Engine, Source, count
+from plancache._artifacts.manifest import CACHE_PREFIX, Manifest, parse_cache_name
+from plancache._artifacts.pacing import _Deadline
+from plancache._artifacts.packing import pack_cache, scan_cache
+from plancache._objects import ObjectLayer, Opened
+
+MAX_BUNDLES = 64
+"""Most bundles of one cache and scope a fetch reads from a source (the first in name
+order); the node builds what they lack itself."""
+
+
+class CacheBundles(Engine):
+    """The kind on the engine's stores (see the module docstring)."""
+
+    def fetch_cache(self, kind: str, scope: str, root: Path) -> CacheFetched:
+        """Install below ``root`` the files of every trusted, valid bundle of cache ``kind``
+        in ``scope`` (at most ``MAX_BUNDLES`` a source), each file create-if-absent, within
+        the fetch bound. The paths every bundle read lists (installed or not) are returned as
+        ``known``: an upload leaves them out. Never raises."""
+        start = time.monotonic()
+        deadline = start + self.compile.fetch_timeout
+        with contextlib.suppress(OSError):
+            remove_partial_installs(root)
+        prefix = f"{CACHE_PREFIX}{kind}_{scope}_"
+
+        def listed(layer: ObjectLayer) -> list[str]:
+            names = []
+            for name in layer.list_objects(prefix):
+                if parse_cache_name(name) is not None:
+                    names.append(name)
+                if len(names) >= MAX_BUNDLES or time.monotonic() > deadline:
+                    break
+            return sorted(names)
+
+        def install_from(source: Source, name: str, opened: Opened) -> tuple[Manifest, int]:
+            named_kind, named_scope, _ = parse_cache_name(name) or ("", "", "")
+            return install_cache(
+                _Deadline(opened, deadline),
+                root,
+                named_kind,
+                named_scope,
+                accept=lambda m: self.refusal(m.verdict, source.local, opened.foreign),
+                max_bytes=self.compile.max_bytes,
+            )
+
+        read = self.read(f"{kind} cache", listed, install_from, every=True, deadline=deadline)
+        result = CacheFetched(read.reason)
+        for manifest, installed in read.got:
+            result.bundles += 1
+            result.installed += installed
+            result.known.update(e.path for e in manifest.files)
+        result.seconds = time.monotonic() - start
+        count(f"cache_{kind}", result.reason, result.seconds)
+        return result
+
+    def upload_cache(
+        self,
+        kind: str,
+        scope: str,
+        root: Path,
+        known: frozenset[str],
+        producer: dict[str, object] | None = None,
+    ) -> tuple[int, dict[str, bool]]:
+        """Store the files below ``root`` that ``known`` does not list (what this node added
+        to cache ``kind`` in ``scope``: a delta, not a second copy) as one bundle,
+        create-if-absent, on the store (unless it refuses writes: logged), then on the local
+        tier. Returns how many files it held (0: nothing new, nothing written) and
+        {destination: created}. Raises ``ArtifactError`` (a file changed while read)."""
+        files = scan_cache(root, known, max_bytes=self.compile.max_bytes)
+        if not files:
+            return 0, {}
+
+        def packed() -> tuple[Manifest, Iterator[bytes]]:
+            return pack_cache(root, kind, scope, files, keyring=self.keyring, producer=producer)
+
+        name = packed()[0].name  # named by its content: another node may have added it
+        return len(files), self.write(f"cache_{kind}", f"{kind} cache", name, packed)
