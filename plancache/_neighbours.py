@@ -174,13 +174,15 @@ MAX_DEPTH = 32
 """Directories deeper below the anchor than this are not walked."""
 
 
-def walk(anchor: Path, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Entry]:
+def walk(
+    anchor: Path, skip: Callable[[str, bool], bool] = lambda name, directory: False
+) -> Iterator[Entry]:
     """Every entry below the directory ``anchor`` that is not a directory (links, FIFOs and
     devices too: ``open_entry`` refuses them), in path order, by directory descriptors:
     each directory is opened relative to its parent's with ``O_NOFOLLOW`` and must be the
-    one its parent listed (device and inode), else it is not walked; names ``skip``
-    accepts, and directories deeper than ``MAX_DEPTH``, are left out. Yields nothing where
-    ``anchor`` is absent."""
+    one its parent listed (device and inode), else it is not walked; entries ``skip``
+    accepts (``skip(name, is_directory)``) and directories deeper than ``MAX_DEPTH`` are
+    left out. Yields nothing where ``anchor`` is absent."""
     try:
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -189,13 +191,13 @@ def walk(anchor: Path, skip: Callable[[str], bool] = lambda name: False) -> Iter
         yield from _walk(fd, "", 0, skip)
 
 
-def _walk(fd: int, prefix: str, depth: int, skip: Callable[[str], bool]) -> Iterator[Entry]:
+def _walk(fd: int, prefix: str, depth: int, skip: Callable[[str, bool], bool]) -> Iterator[Entry]:
     for name in sorted(os.listdir(fd)):
-        if skip(name):
-            continue
         try:
             st = os.lstat(name, dir_fd=fd)
         except FileNotFoundError:
+            continue
+        if skip(name, stat.S_ISDIR(st.st_mode)):
             continue
         path = f"{prefix}{name}"
         if not stat.S_ISDIR(st.st_mode):

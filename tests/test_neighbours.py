@@ -86,7 +86,7 @@ def test_a_walk_goes_by_descriptors_and_never_follows_a_link(tmp_path: Path) -> 
     os.symlink(outside, root / "a" / "dirlink")
     os.symlink(outside / "key", root / "a" / "filelink")
     (root / ".hidden").write_bytes(b"h")
-    entries = list(walk(root, skip=lambda name: name.startswith(".")))
+    entries = list(walk(root, skip=lambda name, directory: name.startswith(".")))
     assert [e.path for e in entries] == ["a/b/f", "a/dirlink", "a/filelink", "top"]
     read = {}
     for entry in walk(root):

@@ -17,12 +17,14 @@ A cache bundle (``scan_cache``, ``pack_cache``) holds what a node added to a gen
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from plancache._artifacts.manifest import (
     DEFAULT_MAX_BYTES,
@@ -33,8 +35,12 @@ from plancache._artifacts.manifest import (
     Manifest,
     check_path,
 )
+from plancache._neighbours import open_entry, open_file, walk
+from plancache._redaction import printable
 from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError, InvalidPlanError
+
+log = logging.getLogger("plancache")
 
 CHUNK = 1 << 20
 BLOCK = 512
@@ -48,33 +54,84 @@ def zstd_available() -> bool:
     return True
 
 
+@dataclass
+class _LeftOut:
+    """The files a scan left out because another user could have written them."""
+
+    where: Path
+    owned: int = 0
+    writable: int = 0
+    example: str = ""
+
+    def add(self, path: str, st: os.stat_result) -> None:
+        if st.st_uid not in (os.geteuid(), 0):
+            self.owned += 1
+        else:
+            self.writable += 1
+        self.example = self.example or path
+
+    def log(self) -> None:
+        if self.owned or self.writable:
+            log.warning(
+                "plancache: %s: %d files left out of the upload, which another user could "
+                "have written (%d owned by another user, %d writable by all; one: %s)",
+                self.where,
+                self.owned + self.writable,
+                self.owned,
+                self.writable,
+                printable(self.example),
+            )
+
+
+def _own_files(
+    root: Path, skip: Callable[[str, bool], bool], left_out: _LeftOut
+) -> Iterator[tuple[str, os.stat_result, BinaryIO]]:
+    """(path, fstat, open file) of each regular file below ``root`` that this user (or root)
+    owns and others may not write, opened as the walk found it (``plancache._neighbours``:
+    no link followed on the way, the same inode); the file is open until the iteration goes
+    on. Another user's, or a world-writable one, goes to ``left_out`` (a group-writable one
+    of this user's is taken: a group member who could change it could change what this
+    node loads itself); links, FIFOs, devices and files swapped meanwhile are skipped."""
+    for entry in walk(root, skip):
+        if not stat.S_ISREG(entry.st.st_mode):
+            continue
+        try:
+            fd = open_entry(entry)
+        except OSError:  # gone, or swapped since the listing: not this upload's
+            continue
+        with os.fdopen(fd, "rb") as file:
+            st = os.fstat(fd)
+            if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o002:
+                left_out.add(entry.path, st)
+                continue
+            yield entry.path, st, file
+
+
+def _plancache_or_temp(name: str, directory: bool) -> bool:
+    return name.startswith(".plancache") or (not directory and name.endswith(".tmp"))
+
+
 def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[FileEntry]:
     """Every regular file of ``root/inductor_cache`` and ``root/rank`` (``root`` is vLLM's
-    ``<key>`` directory) with its digest; plancache's own files and vLLM's temp files are
-    left out. ``ArtifactError`` if the rank has no ``model``, a name is unsafe, or a cap is
-    exceeded."""
+    ``<key>`` directory) with its digest (``_own_files``: only this user's, each read as
+    the walk found it; what another user could have written is left out and logged);
+    plancache's own files and vLLM's temp files are left out. ``ArtifactError`` if the rank
+    has no ``model``, a name is unsafe, or a cap is exceeded."""
     entries: list[FileEntry] = []
     total = 0
+    left_out = _LeftOut(root)
     for top in (INDUCTOR_DIR, rank):
-        for dirpath, dirnames, filenames in os.walk(root / top):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".plancache"))
-            for name in sorted(filenames):
-                if name.startswith(".plancache") or name.endswith(".tmp"):
-                    continue
-                path = Path(dirpath) / name
-                rel = path.relative_to(root).as_posix()
-                st = path.lstat()
-                if not stat.S_ISREG(st.st_mode):
-                    continue  # vLLM writes regular files only; nothing else is shared
-                try:
-                    check_path(rel, rank)
-                except InvalidPlanError as exc:
-                    raise ArtifactError(str(exc)) from None
-                total += st.st_size
-                if total > max_bytes or len(entries) >= MAX_FILES:
-                    raise ArtifactError(f"over the caps ({max_bytes} bytes, {MAX_FILES} files)")
-                mode = 0o755 if st.st_mode & 0o111 else 0o644
-                entries.append(FileEntry(rel, st.st_size, _digest(path), mode))
+        for path, st, file in _own_files(root / top, _plancache_or_temp, left_out):
+            rel = f"{top}/{path}"
+            try:
+                check_path(rel, rank)
+            except InvalidPlanError as exc:
+                raise ArtifactError(str(exc)) from None
+            total += st.st_size
+            if total > max_bytes or len(entries) >= MAX_FILES:
+                raise ArtifactError(f"over the caps ({max_bytes} bytes, {MAX_FILES} files)")
+            entries.append(FileEntry(rel, st.st_size, _digest(file), _mode(st)))
+    left_out.log()
     if f"{rank}/model" not in {e.path for e in entries}:
         raise ArtifactError(f"{root / rank} holds no model")
     return entries
@@ -82,6 +139,14 @@ def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES)
 
 SKIPPED_DIRS = ("locks", "lock")
 """Directory names never shared from a cache (lock files of its writers)."""
+
+
+def _not_shared(name: str, directory: bool) -> bool:
+    """Temp files and directories of a cache's writers (plancache's own too), lock files
+    and lock directories."""
+    if name.startswith((".", "tmp.")):
+        return True
+    return name in SKIPPED_DIRS if directory else name.endswith((".tmp", ".lock"))
 
 
 def scan_cache(
@@ -92,42 +157,37 @@ def scan_cache(
 ) -> list[FileEntry]:
     """The regular files below ``root`` (a generated cache) whose paths are not in
     ``known``, with their digests, in path order, at most ``MAX_FILES`` and ``max_bytes`` in
-    all (past a cap, the rest is left for a later bundle). Left out: names starting with a
-    dot or ``tmp.`` (temp files and directories of the cache's writers, plancache's own),
-    ``*.tmp``, ``*.lock``, lock directories, and names no bundle may hold."""
+    all (past a cap, the rest is left for a later bundle): only this user's, each read as
+    the walk found it (``_own_files``; what another user could have written is left out and
+    logged). Left out too: names starting with a dot or ``tmp.`` (temp files and
+    directories of the cache's writers, plancache's own), ``*.tmp``, ``*.lock``, lock
+    directories, and names no bundle may hold."""
     entries: list[FileEntry] = []
     total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if not d.startswith((".", "tmp.")) and d not in SKIPPED_DIRS
-        )
-        for name in sorted(filenames):
-            if name.startswith((".", "tmp.")) or name.endswith((".tmp", ".lock")):
-                continue
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel in known:
-                continue
-            try:
-                check_path(rel, "")
-                st = path.lstat()
-            except (InvalidPlanError, OSError):
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if total + st.st_size > max_bytes or len(entries) >= MAX_FILES:
-                return entries
-            total += st.st_size
-            mode = 0o755 if st.st_mode & 0o111 else 0o644
-            entries.append(FileEntry(rel, st.st_size, _digest(path), mode))
+    left_out = _LeftOut(root)
+    for rel, st, file in _own_files(root, _not_shared, left_out):
+        if rel in known:
+            continue
+        try:
+            check_path(rel, "")
+        except InvalidPlanError:
+            continue
+        if total + st.st_size > max_bytes or len(entries) >= MAX_FILES:
+            break
+        total += st.st_size
+        entries.append(FileEntry(rel, st.st_size, _digest(file), _mode(st)))
+    left_out.log()
     return entries
 
 
-def _digest(path: Path) -> str:
+def _mode(st: os.stat_result) -> int:
+    return 0o755 if st.st_mode & 0o111 else 0o644
+
+
+def _digest(file: BinaryIO) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+    while chunk := file.read(CHUNK):
+        h.update(chunk)
     return h.hexdigest()
 
 
@@ -150,8 +210,13 @@ def tar_chunks(root: Path, manifest: Manifest) -> Iterator[bytes]:
     for entry in manifest.files:
         yield _header(entry.path, entry.size, entry.mode)
         h, size = hashlib.sha256(), 0
-        fd = os.open(root / entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
+        try:  # each component opened without following a link, as the scan did
+            opened = open_file(root, entry.path)
+        except OSError:
+            opened = None
+        if opened is None:
+            raise ArtifactError(f"{entry.path} changed while it was uploaded")
+        with os.fdopen(opened[0], "rb") as f:
             while size < entry.size and (chunk := f.read(min(CHUNK, entry.size - size))):
                 h.update(chunk)
                 size += len(chunk)
