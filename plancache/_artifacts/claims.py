@@ -5,22 +5,53 @@ expiry; it is created if absent, or taken over once expired by a compare-and-swa
 version read. Guarantees: two nodes never both hold a live claim on one name (where the
 store honours conditional writes); a node that dies while uploading blocks the others only
 until its claim expires (``CLAIM_BASE_S`` plus the object's size at ``CLAIM_BYTES_PER_S``).
+Claims are unsigned: one dated later than any node of the fleet could claim from now
+(``believable``) is taken as expired, so that whoever may write the bucket can block an
+upload for at most one claim's length, never for a year; ``stale`` lists the claims a
+``prune`` removes.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import orjson
 
 from plancache._objects import ObjectLayer, Update
+from plancache.errors import PlanStoreError
 
 CLAIM_SUFFIX = ".claim"
 CLAIM_BASE_S = 120.0
 CLAIM_BYTES_PER_S = float(1 << 20)
 """A claim lasts ``CLAIM_BASE_S`` plus the object's size at this rate (a slow uplink)."""
+CLAIM_SKEW_S = 300.0
+"""How far ahead of this node's clock another node's may run."""
+CLAIM_LIMIT = 4096
+"""A claim is read up to this many bytes."""
+
+
+def longest(size: int) -> float:
+    """Seconds a claim on an object of ``size`` bytes lasts."""
+    return CLAIM_BASE_S + size / CLAIM_BYTES_PER_S
+
+
+def believable(until: float, now: float, size: int) -> bool:
+    """Whether a claim lasting to ``until`` could have been written by a node claiming an
+    object of up to twice ``size`` bytes, with its clock up to ``CLAIM_SKEW_S`` ahead."""
+    return until <= now + longest(2 * size) + CLAIM_SKEW_S
+
+
+def _until(data: bytes) -> float:
+    """A claim's expiry; 0 for bytes that are not a claim this reads (expired)."""
+    try:
+        return float(orjson.loads(data)["until"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def claim(layer: ObjectLayer, name: str, size: int, now: float | None = None) -> object | None:
@@ -39,19 +70,48 @@ def claim(layer: ObjectLayer, name: str, size: int, now: float | None = None) ->
     claimed = name + CLAIM_SUFFIX
     for _ in range(2):  # create; else take over an expired claim (once)
         if layer.write_object(claimed, [body]):
-            found = layer.read_object(claimed, 4096)
+            found = layer.read_object(claimed, CLAIM_LIMIT)
             return None if found is None or found[0] != body else found[1]
-        found = layer.read_object(claimed, 4096)
+        found = layer.read_object(claimed, CLAIM_LIMIT)
         if found is None:
             continue  # released meanwhile: try to create it again
-        try:
-            until = float(orjson.loads(found[0])["until"])
-        except (ValueError, KeyError, TypeError):
-            until = 0.0  # not a claim this reads: expired
-        if until > now:
+        until = _until(found[0])
+        if now < until and believable(until, now, size):
             return None
         if layer.write_object(claimed, [body], Update(found[1])):
-            taken = layer.read_object(claimed, 4096)
+            taken = layer.read_object(claimed, CLAIM_LIMIT)
             return None if taken is None or taken[0] != body else taken[1]
         return None
     return None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as stored: its object's name, its version, holder (host) and expiry."""
+
+    name: str
+    version: object
+    host: str
+    until: float
+
+    def stale(self, now: float, max_bytes: int) -> bool:
+        """Expired, or dated later than a claim on an object of ``max_bytes`` could be."""
+        return self.until <= now or not believable(self.until, now, max_bytes // 2)
+
+
+def claims(layer: ObjectLayer, limit: int = 10_000) -> Iterator[Claim]:
+    """The claims ``layer`` holds (at most ``limit``), as stored; unreadable ones are
+    skipped."""
+    names = (n for n in layer.list_objects("") if n.endswith(CLAIM_SUFFIX))
+    for name in itertools.islice(names, limit):
+        try:
+            found = layer.read_object(name, CLAIM_LIMIT)
+        except PlanStoreError:
+            continue
+        if found is None:
+            continue
+        try:
+            host = str(orjson.loads(found[0]).get("host", ""))[:64]
+        except (ValueError, AttributeError):
+            host = ""
+        yield Claim(name, found[1], host, _until(found[0]))

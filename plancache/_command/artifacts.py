@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plancache._artifacts import modelinfo
+from plancache._artifacts import claims, modelinfo
 from plancache._artifacts.archive import remove_partial_installs
 from plancache._artifacts.manifest import parse_artifact_object_name, parse_cache_name
 from plancache._command.display import age, echo, plural, print_table, size, when
@@ -20,7 +20,7 @@ from plancache._inventory import artifacts as inventory
 from plancache._inventory.artifacts import ArtifactRecord
 from plancache._objects import ObjectLayer
 from plancache._signing import Keyring, SignatureVerdict
-from plancache.errors import PlanStoreReadOnlyError
+from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 
 KIND = "compile"
 """The KIND column of an artifact (plans are listed in their own table)."""
@@ -333,6 +333,34 @@ def prune(
             echo(f"{name}  {why}")
         if result.deleted:
             echo(f"{verb} {plural(len(result.deleted), kind.label)} older than {age(older_than)}")
+    prune_claims(layer, max_bytes, dry_run=dry_run)
+
+
+def ls_claims(layer: ObjectLayer, max_bytes: int) -> None:
+    """The upload claims ``layer`` holds, stale ones marked; silent if there are none."""
+    now = time.time()
+    found = list(claims.claims(layer))
+    if found:
+        echo("upload claims (a node uploading the object; `plancache prune` removes stale ones):")
+    for c in found:
+        state = "stale" if c.stale(now, max_bytes) else f"until {when(c.until, now)}"
+        echo(f"  {c.name}  {c.host or '?'}  {state}")
+
+
+def prune_claims(layer: ObjectLayer, max_bytes: int, *, dry_run: bool) -> None:
+    """Delete (or list) the stale upload claims: expired, or dated later than any node
+    could claim (each only as the version read); silent if there are none."""
+    now = time.time()
+    gone = 0
+    for c in claims.claims(layer):
+        if not c.stale(now, max_bytes):
+            continue
+        try:
+            gone += dry_run or layer.delete_object(c.name, c.version)
+        except PlanStoreError as exc:
+            echo(f"{c.name}  not deleted: {exc}")
+    if gone:
+        echo(f"{'would delete' if dry_run else 'deleted'} {plural(gone, 'stale upload claim')}")
 
 
 def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: bool) -> None:

@@ -121,6 +121,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     artifacts = artifact_commands.ls(store, keyring, max_artifact_bytes())
     bundles = artifact_commands.ls_bundles(store, keyring, max_artifact_bytes())
     infos = artifact_commands.ls_model_info(store, keyring)
+    artifact_commands.ls_claims(store, max_artifact_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
     if artifacts:

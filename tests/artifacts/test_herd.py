@@ -20,6 +20,7 @@ from plancache._config import Settings
 from plancache.testing import LocalStore
 from plancache.testing.servers import CountingProxy
 from tests.artifacts.helpers import KEY, RANK, make_tree, stream
+from tests.cli.helpers import ok
 
 SIZE = 4 << 20
 
@@ -90,3 +91,27 @@ def test_a_node_uploads_where_the_claim_holder_died(tmp_path: Path) -> None:
     (tmp_path / "store" / (name + CLAIM_SUFFIX)).write_bytes(stale)
     assert artifacts.upload(root, KEY, RANK) == {"store": True}
     assert not (tmp_path / "store" / (name + CLAIM_SUFFIX)).exists()  # released
+
+
+def test_a_claim_dated_a_year_ahead_blocks_nothing_and_prune_removes_it(tmp_path: Path) -> None:
+    """Claims are unsigned: one dated a year ahead blocked an artifact's sharing for a year
+    (every node counted its write as kept). Now a claim later than any node could write is
+    taken over at once; ``ls`` shows claims and ``prune --older-than 0s`` removes the stale
+    ones, never a live one."""
+    store = LocalStore(tmp_path / "store")
+    now = time.time()
+    name = artifact_object_name("a" * 64, RANK)
+    forged = orjson.dumps({"host": "x", "pid": 1, "until": now + 365 * 86400})
+    assert store.write_object(name + CLAIM_SUFFIX, [forged])
+    assert claim(store, name, 10 << 20, now=now) is not None  # taken over
+    live = artifact_object_name("b" * 64, RANK)
+    assert claim(store, live, 10 << 20, now=now) is not None
+    assert claim(store, live, 10 << 20, now=now + 60) is None  # a believable one holds
+    stale = artifact_object_name("c" * 64, RANK)
+    assert store.write_object(stale + CLAIM_SUFFIX, [forged])
+    listed = ok("ls", str(tmp_path / "store"))
+    assert f"{stale}{CLAIM_SUFFIX}  x  stale" in listed and f"{live}{CLAIM_SUFFIX}" in listed
+    pruned = ok("prune", str(tmp_path / "store"), "--older-than", "0s")
+    assert "deleted 1 stale upload claim\n" in pruned
+    left = sorted(n for n in store.list_objects("") if n.endswith(CLAIM_SUFFIX))
+    assert left == [name + CLAIM_SUFFIX, live + CLAIM_SUFFIX]  # the two live ones
