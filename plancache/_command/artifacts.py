@@ -363,7 +363,9 @@ def prune_claims(layer: ObjectLayer, max_bytes: int, *, dry_run: bool) -> None:
         echo(f"{'would delete' if dry_run else 'deleted'} {plural(gone, 'stale upload claim')}")
 
 
-def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: bool) -> None:
+def cp(
+    src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, max_bytes: int, *, trust_unsigned: bool
+) -> None:
     """Copy every object of every code kind, create-if-absent (as stored), signed ones only
     unless ``trust_unsigned``; says what it skipped; silent if there are none."""
     for kind in inventory.KINDS:
@@ -371,7 +373,13 @@ def cp(src: ObjectLayer, dst: ObjectLayer, keyring: Keyring, *, trust_unsigned: 
         skipped: list[tuple[str, str]] = []
         for name in inventory.names(src, kind):
             done = inventory.copy(
-                src, dst, name, keyring=keyring, trust_unsigned=trust_unsigned, kind=kind
+                src,
+                dst,
+                name,
+                keyring=keyring,
+                trust_unsigned=trust_unsigned,
+                kind=kind,
+                max_bytes=max_bytes,
             )
             if isinstance(done, str):
                 skipped.append((name, done))

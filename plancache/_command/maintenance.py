@@ -131,5 +131,5 @@ def cmd_cp(args: argparse.Namespace) -> int:
     # a node installs unsigned artifacts without a key from a local store only: copying
     # into one must not make unsigned code trusted
     trusting = args.trust_unsigned or is_remote(args.dst)
-    artifact_commands.cp(src, dst, src.keyring, trust_unsigned=trusting)
+    artifact_commands.cp(src, dst, src.keyring, max_artifact_bytes(), trust_unsigned=trusting)
     return 0

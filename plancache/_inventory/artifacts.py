@@ -10,7 +10,8 @@ The rules every kind's inventory keeps (``plancache._inventory.plans`` keeps the
   deletes by age only, ``verify(fix=True)`` only what is provably corrupt (a digest that does
   not match, a truncated or malformed stream) or, where signatures are required, what no
   accepted key signed;
-- ``copy`` never makes code more trusted than it was (see ``copy``).
+- ``copy`` never makes code more trusted than it was, and copies the version it judged
+  (see ``copy``).
 
 ``scan`` reads only each artifact's head (its manifest); ``verify`` reads every byte, checks
 it against the manifest and its signature, and installs nothing (it extracts into a temp
@@ -19,6 +20,7 @@ directory that it removes).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +37,7 @@ from plancache._artifacts.manifest import (
     parse_artifact_object_name,
     parse_cache_name,
 )
-from plancache._artifacts.trust import Refused, Signed, copy_refusal, signature_refusal
+from plancache._artifacts.trust import Refused, Signed, copy_refusal, refused, signature_refusal
 from plancache._inventory import UNREADABLE_HERE, prunable
 from plancache._objects import ObjectLayer
 from plancache._signing import NO_KEYS, Keyring
@@ -243,6 +245,10 @@ def delete(layer: ObjectLayer, name: str, version: object) -> bool:
     return layer.delete_object(name, version)
 
 
+COPY_SLACK = 64 << 20
+"""Bytes an object may hold beyond the cap on its files (archive headers, the manifest)."""
+
+
 def copy(
     source: ObjectLayer,
     target: ObjectLayer,
@@ -251,39 +257,52 @@ def copy(
     keyring: Keyring = NO_KEYS,
     trust_unsigned: bool = False,
     kind: CodeKind = ARTIFACTS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> bool | str | None:
-    """Stream ``name`` from ``source`` to ``target``, create-if-absent, as stored (nothing
-    is re-signed). Artifacts are code, and a node installs unsigned ones from a local store
-    without a key: so an artifact is copied only where the trust module's rule finds it
-    signed by an accepted key (``trust.copy_refusal``), or with ``trust_unsigned`` (the
-    operator's explicit word); else it is skipped. True if created, False if ``target``
-    had it, None if ``source`` has not, and the reason as text where it was skipped."""
+    """Copy ``name`` from ``source`` to ``target``, create-if-absent, as stored (nothing is
+    re-signed), from one read of ``source``: the version judged is the version copied.
+    Artifacts are code, and a node installs unsigned ones from a local store without a key:
+    so an object is copied only where every byte of it checks against its head (the
+    archive's digests, at most ``max_bytes``: this process's cap) and the trust module's
+    rule finds it signed by an accepted key (``trust.copy_refusal``), read into a temp file
+    and copied from there; or, with ``trust_unsigned`` (the operator's explicit word),
+    streamed as it is. True if created, False if ``target`` had it, None if ``source`` has
+    not, and the reason as text where it was skipped."""
     opened = source.open_object(name)
     if opened is None:
         return None
-    try:
-        if not trust_unsigned:
-            try:
-                head = kind.head(opened, DEFAULT_MAX_BYTES)
-            except ArtifactError as exc:
-                return f"unreadable here ({exc})"
+    with contextlib.ExitStack() as stack:
+        stack.callback(opened.close)
+        if trust_unsigned:
+            return target.write_object(name, _chunks(opened))
+        spool = stack.enter_context(tempfile.TemporaryFile(prefix="plancache-cp-"))
+        size = 0
+        while chunk := opened.read(1 << 20):
+            size += len(chunk)
+            if size > max_bytes + COPY_SLACK:
+                return f"over {max_bytes} bytes (this process's cap)"
+            spool.write(chunk)
+
+        def accept(head: Any) -> Refused | None:
             why = copy_refusal(head, keyring)
-            if why is not None:
-                return why
-            opened.close()
-            opened = source.open_object(name)
-            if opened is None:
-                return None
-        reader = opened
+            return None if why is None else refused(why)
 
-        def chunks() -> Iterator[bytes]:
-            while chunk := reader.read(1 << 20):
-                yield chunk
+        spool.seek(0)
+        try:
+            kind.check(spool, name, accept, max_bytes)
+        except Refused as exc:
+            return exc.why
+        except UnreadableHereError as exc:
+            return f"unreadable here ({exc})"
+        except ArtifactError as exc:
+            return f"invalid ({exc})"
+        spool.seek(0)
+        return target.write_object(name, _chunks(spool))
 
-        return target.write_object(name, chunks())
-    finally:
-        if opened is not None:
-            opened.close()
+
+def _chunks(reader: Readable) -> Iterator[bytes]:
+    while chunk := reader.read(1 << 20):
+        yield chunk
 
 
 @dataclass(frozen=True)
