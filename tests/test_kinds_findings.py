@@ -517,6 +517,40 @@ def test_fetch_removes_stale_leftovers_of_a_killed_install(tmp_path: Path) -> No
     assert live.exists()  # another process may still be installing
 
 
+def test_killed_bundle_installs_are_cleaned_wherever_they_install(tmp_path: Path) -> None:
+    """A boot killed while installing an ``inductor`` bundle left its partial extraction in
+    ``<key>/inductor_cache/.plancache-tmp-*`` for good (prune and the artifact fetch looked
+    only in ``<key>/``), and one of a Triton bundle in Triton's cache until the next pull;
+    now the fetch and ``prune`` clean both."""
+    root = tmp_path / "store"
+    upload(root, tmp_path)
+    vllm = tmp_path / "vllm"
+    target = vllm / "torch_compile_cache" / "torch_aot_compile" / KEY
+    triton = tmp_path / "triton"
+    stale = [
+        target / "inductor_cache" / ".plancache-tmp-deadhost-4242-0badf00d",
+        triton / ".plancache-tmp-deadhost-4242-0badf00e",
+    ]
+    for temp in stale:
+        (temp / "ab").mkdir(parents=True)
+        (temp / "ab" / "kernel.so").write_bytes(os.urandom(4096))
+        _age(temp, 2 * 3600)
+    store = artifacts(str(root))
+    try:
+        assert store.fetch(target, KEY, RANK).reason == "hit"
+    finally:
+        store.close()
+    assert not stale[0].exists()
+    (stale[0] / "ab").mkdir(parents=True)
+    _age(stale[0], 2 * 3600)
+    (vllm / "startup_plan").mkdir()  # this node's default store: prune's operand
+    env = child_env(VLLM_CACHE_ROOT=str(vllm), TRITON_CACHE_DIR=str(triton))
+    result = cli("prune", "--older-than", "1h", env=env)
+    assert result.returncode == 0, output(result)
+    assert not any(p.exists() for p in stale), output(result)
+    assert f"deleted 1 partial install of killed boots in {triton}" in result.stdout
+
+
 # -- finding 5: which local directories are trusted without keys -------------------------------
 def _untrusted(
     tmp_path: Path,

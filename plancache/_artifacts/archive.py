@@ -270,13 +270,14 @@ def _verified(
 
 
 def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[Path]:
-    """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory) left
-    more than ``older_than`` seconds ago: their boots were killed mid-install."""
+    """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory: its
+    artifacts, and the bundles installed into its ``inductor_cache``; a generated cache's
+    root) left more than ``older_than`` seconds ago: their boots were killed mid-install."""
     cutoff = time.time() - older_than
-    try:
-        entries = list(os.scandir(target))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    entries = []
+    for where in (target, target / INDUCTOR_DIR):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            entries += list(os.scandir(where))
     out = []
     for entry in entries:
         if not entry.name.startswith(TEMP_PREFIX):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -315,16 +316,19 @@ def prune(
     *,
     dry_run: bool,
     installs: Path | None = None,
+    roots: Sequence[Path] = (),
 ) -> None:
     """Delete (or list) the artifacts older than ``older_than`` seconds, and report those
-    kept; with ``installs`` (this node's vLLM compile cache), also the temp directories of
-    installs killed that long ago; silent if there is nothing."""
+    kept; with ``installs`` (this node's vLLM compile cache) and ``roots`` (its generated
+    caches: Triton's), also the temp directories of installs killed that long ago, in every
+    directory they install into; silent if there is nothing."""
     verb = "would delete" if dry_run else "deleted"
     if installs is not None:
         keys = sorted(installs.iterdir()) if installs.is_dir() else []
-        stale = sum(remove_partial_installs(k, older_than, dry_run=dry_run) for k in keys)
-        if stale:
-            echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {installs}")
+        for where, dirs in ((installs, keys), *((root, [root]) for root in roots)):
+            stale = sum(remove_partial_installs(d, older_than, dry_run=dry_run) for d in dirs)
+            if stale:
+                echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {where}")
     for kind in inventory.KINDS:
         result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes, kind=kind)
         for name in result.deleted:

@@ -11,8 +11,10 @@ do the work; this module prints (through ``display.echo``: control characters es
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 from plancache._artifacts.archive import compile_cache
 from plancache._command import artifacts as artifact_commands
@@ -99,8 +101,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
         summary += f"; {left} not validly signed left as they are"
     echo(summary)
     installs = compile_cache(default_dir().parent) if result.temp_files is not None else None
+    triton = Path(os.environ.get("TRITON_CACHE_DIR") or "~/.triton/cache").expanduser()
     artifact_commands.prune(
-        store, args.older_than, max_artifact_bytes(), dry_run=args.dry_run, installs=installs
+        store,
+        args.older_than,
+        max_artifact_bytes(),
+        dry_run=args.dry_run,
+        installs=installs,
+        roots=[triton],
     )
     return 0
 
