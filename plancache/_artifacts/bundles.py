@@ -26,9 +26,11 @@ from plancache._artifacts.pacing import _Deadline
 from plancache._artifacts.packing import pack_cache, scan_cache
 from plancache._objects import ObjectLayer, Opened
 
-MAX_BUNDLES = 64
+MAX_BUNDLES = 1024
 """Most bundles of one cache and scope a fetch reads from a source (the first in name
-order); the node builds what they lack itself."""
+order), within the fetch bound: a scope gains a bundle per node that added files (a Triton
+scope: every model served on one GPU), and every bundle not read is rebuilt and uploaded
+again by the node. Past it, the node builds what they lack itself."""
 
 
 class CacheBundles(Engine):

@@ -211,6 +211,25 @@ def test_a_new_node_gets_every_kernel_and_uploads_only_what_it_added(tmp_path: P
     assert artifact_store(store).fetch_cache("triton", "0" * 64, tmp_path / "gpu2").reason == "miss"
 
 
+def test_a_scope_of_100_bundles_is_installed_whole_and_nothing_is_uploaded_again(
+    tmp_path: Path,
+) -> None:
+    """A new node read the first 64 of 100 bundles in one scope, compiled what the other 36
+    held and uploaded it again as a 101st bundle; now it installs all 100 and adds nothing."""
+    store = str(tmp_path / "store")
+    for i in range(100):
+        node = tmp_path / f"node{i}"
+        _kernel(node, f"{i:03d}" + "k" * 49)
+        assert artifact_store(store).upload_cache("triton", SCOPE, node, frozenset())[0] == 4
+    new = tmp_path / "new"
+    fetched = artifact_store(store).fetch_cache("triton", SCOPE, new)
+    assert (fetched.reason, fetched.bundles, fetched.installed) == ("hit", 100, 400)
+    assert artifact_store(store).upload_cache("triton", SCOPE, new, frozenset(fetched.known)) == (
+        0,
+        {},
+    )
+
+
 def test_trust_follows_compile_artifacts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = tmp_path / "store"
     src = tmp_path / "src"
