@@ -9,22 +9,29 @@ a bundle is parameterised by its cache's kind name and scope.
   verified and installed by ``archive.install_cache``, file by file, create-if-absent;
 - policy: a fetch installs every trusted, valid bundle of the kind and scope (at most
   ``MAX_BUNDLES`` a source, within the fetch bound); an upload stores what the node added
-  (a delta on what the bundles read list) as one bundle, create-if-absent, under a claim.
+  (a delta on what the bundles read list, less what a trusted stored bundle holds: one the
+  fetch did not read, added since, or past its bound) as one bundle, create-if-absent,
+  under a claim: no upload repeats a file a trusted stored bundle holds (heads read within
+  the fetch bound, at most ``MAX_BUNDLES``; what could not be read is taken as not held).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from plancache._artifacts.archive import install_cache, remove_partial_installs
+from plancache._artifacts.archive import install_cache, read_manifest, remove_partial_installs
 from plancache._artifacts.engine import CacheFetched, Engine, Source, count
 from plancache._artifacts.manifest import CACHE_PREFIX, Manifest, parse_cache_name
 from plancache._artifacts.pacing import _Deadline
 from plancache._artifacts.packing import pack_cache, scan_cache
 from plancache._objects import ObjectLayer, Opened
+
+log = logging.getLogger("plancache")
 
 MAX_BUNDLES = 1024
 """Most bundles of one cache and scope a fetch reads from a source (the first in name
@@ -77,6 +84,33 @@ class CacheBundles(Engine):
         count(f"cache_{kind}", result.reason, result.seconds)
         return result
 
+    def _held(self, prefix: str, paths: set[str]) -> set[str]:
+        """Which of ``paths`` a trusted bundle on the store (name ``prefix...``) holds: the
+        heads of at most ``MAX_BUNDLES``, within the fetch bound, until every path is found.
+        Fail-open: what could not be read is taken as not held."""
+        held: set[str] = set()
+        deadline = time.monotonic() + self.compile.fetch_timeout
+        source = self.sources()[-1]
+        if not self.may_download(source.local):
+            return held
+        try:
+            names = itertools.islice(source.layer.list_objects(prefix), MAX_BUNDLES)
+            for name in names:
+                if held >= paths or time.monotonic() > deadline:
+                    break
+                opened = source.layer.open_object(name)
+                if opened is None:
+                    continue
+                try:
+                    head = read_manifest(opened, max_bytes=self.compile.max_bytes)
+                finally:
+                    opened.close()
+                if self.refusal(head.verdict, source.local, opened.foreign) is None:
+                    held |= paths.intersection(e.path for e in head.files)
+        except Exception as exc:  # the upload goes on: at worst it repeats a file
+            log.info("plancache: stored bundles not all read before an upload: %s", exc)
+        return held
+
     def upload_cache(
         self,
         kind: str,
@@ -91,6 +125,9 @@ class CacheBundles(Engine):
         tier. Returns how many files it held (0: nothing new, nothing written) and
         {destination: created}. Raises ``ArtifactError`` (a file changed while read)."""
         files = scan_cache(root, known, max_bytes=self.compile.max_bytes)
+        if files:  # what a stored bundle holds already (one the fetch did not read)
+            held = self._held(f"{CACHE_PREFIX}{kind}_{scope}_", {f.path for f in files})
+            files = [f for f in files if f.path not in held]
         if not files:
             return 0, {}
 

@@ -11,7 +11,8 @@ every other ``PLANCACHE_*`` setting (keys, read-only mode, ``PLANCACHE_COMPILE_*
 A pull installs every trusted bundle of the kind and scope, file by file, create-if-absent,
 and records in the directory (``.plancache-pulled-<kind>-<scope>.json``, a name no bundle
 holds) which paths the stored bundles hold; a later push from that directory stores only
-the files they do not hold (``--all``: every file), as one bundle named by its content.
+the files they do not hold (``--all``: without that record; never a file a trusted stored
+bundle holds), as one bundle named by its content.
 
 Exit status (``cli.main``): 0 done (a pull that found nothing is done: ``miss``); 1 a pull
 refused what it found (unsigned or badly signed bundles: each named on stderr); 2 an error,
@@ -126,7 +127,8 @@ def add_cache_command(
     verbs.choices["push"].add_argument(
         "--all",
         action="store_true",
-        help="store every file of the directory, not only those the last pull did not install",
+        help="store every file of the directory that no stored bundle holds, not only those "
+        "the last pull did not install",
     )
 
 
@@ -246,10 +248,7 @@ def cmd_cache_pull(args: argparse.Namespace) -> int:
     if args.json:
         print_json(
             {
-                "kind": cache.kind,
-                "scope": cache.scope,
-                "dir": str(cache.root),
-                "url": shown,
+                **_which(cache, shown),
                 "reason": fetched.reason,
                 "bundles": fetched.bundles,
                 "installed": fetched.installed,
@@ -275,6 +274,11 @@ def cmd_cache_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _which(cache: GeneratedCache, url: str) -> dict[str, str]:
+    """What a pull's or a push's JSON names first: the cache and the store."""
+    return {"kind": cache.kind, "scope": cache.scope, "dir": str(cache.root), "url": url}
+
+
 def cmd_cache_push(args: argparse.Namespace) -> int:
     cache = _cache(args)
     if not cache.root.is_dir():
@@ -290,10 +294,7 @@ def cmd_cache_push(args: argparse.Namespace) -> int:
     if args.json:
         print_json(
             {
-                "kind": cache.kind,
-                "scope": cache.scope,
-                "dir": str(cache.root),
-                "url": shown,
+                **_which(cache, shown),
                 "files": pushed.files,
                 "written": pushed.written,
             }

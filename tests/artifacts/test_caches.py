@@ -190,11 +190,9 @@ def test_a_new_node_gets_every_kernel_and_uploads_only_what_it_added(tmp_path: P
     assert first.fetch_cache("triton", SCOPE, cold).reason == "miss"
     files, outcome = first.upload_cache("triton", SCOPE, cold, frozenset())
     assert files == 12 and outcome == {"store": True}
-    # the same files again (another node of the herd): nothing written
-    assert artifact_store(store).upload_cache("triton", SCOPE, cold, frozenset()) == (
-        12,
-        {"store": False},
-    )
+    # the same files again (another node of the herd): the stored bundle holds them all,
+    # nothing is packed or written
+    assert artifact_store(store).upload_cache("triton", SCOPE, cold, frozenset()) == (0, {})
 
     new = tmp_path / "new"
     fetched = artifact_store(store).fetch_cache("triton", SCOPE, new)
@@ -228,6 +226,21 @@ def test_a_scope_of_100_bundles_is_installed_whole_and_nothing_is_uploaded_again
         0,
         {},
     )
+
+
+def test_an_upload_never_repeats_a_file_a_stored_bundle_holds(tmp_path: Path) -> None:
+    """A node that did not read a stored bundle (added after its fetch, or past its bound)
+    compiled its kernels too: its upload holds only what no trusted bundle holds."""
+    store = str(tmp_path / "store")
+    for i in range(3):
+        _kernel(tmp_path / "first", f"{i}" * 52)
+    assert artifact_store(store).upload_cache("triton", SCOPE, tmp_path / "first", frozenset())[0]
+    late = tmp_path / "late"
+    for i in range(4):  # the same three kernels, and one more
+        _kernel(late, f"{i}" * 52)
+    files, written = artifact_store(store).upload_cache("triton", SCOPE, late, frozenset())
+    assert (files, written) == (4, {"store": True})  # the fourth kernel's 4 files alone
+    assert artifact_store(store).upload_cache("triton", SCOPE, late, frozenset()) == (0, {})
 
 
 def test_trust_follows_compile_artifacts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

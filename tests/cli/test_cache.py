@@ -116,9 +116,14 @@ def test_a_push_after_a_pull_stores_only_what_the_directory_added(tmp_path: Path
     pulled = json.loads(ok("cache", "pull", "--dir", str(new), *args, "--json"))
     assert (pulled["bundles"], pulled["installed"]) == (2, 5)
     assert _tree(new) == _tree(node)
-    # --all stores every file: the same bytes as the first bundle plus the new one
+    # --all ignores the pull's record, not the store: every file is held by a stored bundle
     assert (
-        json.loads(ok("cache", "push", "--dir", str(new), *args, "--all", "--json"))["files"] == 5
+        json.loads(ok("cache", "push", "--dir", str(new), *args, "--all", "--json"))["files"] == 0
+    )
+    other = ("--kind", "myjit", *FACTORS, "--url", str(tmp_path / "other"))
+    (tmp_path / "other").mkdir()
+    assert (
+        json.loads(ok("cache", "push", "--dir", str(new), *other, "--all", "--json"))["files"] == 5
     )
 
 
