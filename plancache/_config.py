@@ -34,6 +34,7 @@ import orjson
 
 from plancache._backends import open_store
 from plancache._defaults import DEFAULT_BUDGET_S, default_dir
+from plancache._neighbours import foreign
 from plancache._parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
 from plancache._redaction import redact, without_userinfo
 from plancache._signing import NO_KEYS, Keyring, parse_keys
@@ -62,9 +63,11 @@ def read_key_file(path: str, source: str) -> str:
     """The text of the key file at ``path``, which ``source`` (a variable or option) names:
     a regular file (links are followed: Kubernetes mounts secrets through them) of at most
     ``MAX_KEY_FILE_BYTES``, opened without blocking, so that a FIFO or a device is refused at
-    once, never waited on or read without end. A file that users other than its owner may
-    read or write (group or other permission bits) is read, with a warning. Else
-    ``ConfigError`` naming ``source`` and ``path``, never the content."""
+    once, never waited on or read without end; owned by this user or root and writable by
+    no one else, judged on the file opened (``plancache._neighbours.foreign``: a key another
+    user could have written would sign or accept what they chose). A file that others may
+    read is read, with a warning. Else ``ConfigError`` naming ``source`` and ``path``, never
+    the content."""
     where = f"{source} {path!r}"
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
@@ -72,14 +75,17 @@ def read_key_file(path: str, source: str) -> str:
             st = os.fstat(file.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise ConfigError(f"cannot read {where}: not a regular file")
+            why = foreign(st, "it")
+            if why is not None:
+                raise ConfigError(f"{where} is not used: {why}; make it this user's, 0600")
             data = file.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
     if len(data) > MAX_KEY_FILE_BYTES:
         raise ConfigError(f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file")
-    if st.st_mode & 0o077:
+    if st.st_mode & 0o044:
         log.warning(
-            "plancache: %s can be read or written by users other than its owner (mode %04o); "
+            "plancache: %s can be read by users other than its owner (mode %04o); "
             "make it 0600 or 0400",
             where,
             stat.S_IMODE(st.st_mode),

@@ -100,31 +100,56 @@ def test_a_key_file_is_read_up_to_its_cap(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "warned"),
-    [(0o600, False), (0o400, False), (0o640, True), (0o604, True), (0o620, True), (0o602, True)],
+    ("mode", "warned"), [(0o600, False), (0o400, False), (0o640, True), (0o604, True)]
 )
-def test_a_key_file_other_users_may_read_or_write_is_warned_about(
+def test_a_key_file_other_users_may_read_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int, warned: bool
 ) -> None:
     """Read either way (followed through a link, as Kubernetes mounts secrets), with one
     warning naming the file and its mode, never the key."""
+    link = _linked_key(tmp_path, mode)
+    with caplog.at_level(logging.WARNING, "plancache"):
+        assert keyring_from_env({"PLANCACHE_SIGNING_KEY_FILE": str(link)}) == Keyring(KEY)
+    lines = [r.getMessage() for r in caplog.records]
+    if warned:
+        assert lines == [
+            f"plancache: PLANCACHE_SIGNING_KEY_FILE {str(link)!r} can be read by users other "
+            f"than its owner (mode {mode:04o}); make it 0600 or 0400"
+        ]
+    else:
+        assert lines == []
+    assert KEY not in caplog.text
+
+
+def _linked_key(tmp_path: Path, mode: int) -> Path:
     key_file = tmp_path / "..data" / "key"
     key_file.parent.mkdir()
     key_file.write_text(KEY + "\n")
     key_file.chmod(mode)
     link = tmp_path / "key"
     link.symlink_to(key_file)
-    with caplog.at_level(logging.WARNING, "plancache"):
-        assert keyring_from_env({"PLANCACHE_SIGNING_KEY_FILE": str(link)}) == Keyring(KEY)
-    lines = [r.getMessage() for r in caplog.records]
-    if warned:
-        assert lines == [
-            f"plancache: PLANCACHE_SIGNING_KEY_FILE {str(link)!r} can be read or written by "
-            f"users other than its owner (mode {mode:04o}); make it 0600 or 0400"
-        ]
+    return link
+
+
+@pytest.mark.parametrize("how", ["0620", "0602", "owner"])
+def test_a_key_file_another_user_could_have_written_is_refused(tmp_path: Path, how: str) -> None:
+    """A verify-keys file a neighbour could write would make the node accept what they sign
+    (a signing-key file: sign with their key): refused, naming why, never the key."""
+    link = _linked_key(tmp_path, 0o600)
+    if how == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(tmp_path / "..data" / "key", 65534, -1)
+        why = "it is owned by uid 65534"
     else:
-        assert lines == []
-    assert KEY not in caplog.text
+        (tmp_path / "..data" / "key").chmod(int(how, 8))
+        why = f"it is writable by its group or others (mode {how})"
+    with pytest.raises(ConfigError) as raised:
+        keyring_from_env({"PLANCACHE_VERIFY_KEYS_FILE": str(link)})
+    assert str(raised.value) == (
+        f"PLANCACHE_VERIFY_KEYS_FILE {str(link)!r} is not used: {why}; make it this user's, 0600"
+    )
+    assert KEY not in str(raised.value)
 
 
 def test_an_empty_url_is_rejected() -> None:
