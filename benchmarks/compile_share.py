@@ -160,12 +160,12 @@ def measure_boots(work: Path) -> dict[str, Any]:
     with servers.s3_server() as (url, options):
         local, remote = open_store(store), open_store(url, **options)
         for prefix in ("compile_artifact_", "cache_", "model_info_"):  # everything shared
-            for name in local.list_objects(prefix):
-                opened = local.open_object(name)
+            for name in local.layer.list_objects(prefix):
+                opened = local.layer.open_object(name)
                 assert opened is not None
                 with contextlib.closing(opened):
                     chunks = iter(functools.partial(opened.read, 1 << 20), b"")
-                    assert remote.write_object(name, chunks)
+                    assert remote.layer.write_object(name, chunks)
         print("  new node, from S3 (moto) ...", flush=True)
         cases["new node, S3"] = _median(
             _node(

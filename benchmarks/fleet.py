@@ -128,7 +128,7 @@ def profiled_kv(config: int) -> int:
 
 def _open(boot: Boot) -> Any:
     if boot.setup == "per-node":
-        return LocalStore(boot.node_dir)
+        return PlanStore(LocalStore(boot.node_dir))
     settings = Settings(
         url=boot.shared_url,
         timeout=boot.timeout,
@@ -325,7 +325,7 @@ def _sweep_policy(fleet: Fleet, policy: str, root: Path, profile_seconds: float)
     def store_of(node: int) -> PlanStore:
         name = f"node{node}" if policy == "per-node" else "shared"
         if name not in stores:
-            stores[name] = LocalStore(root / name)
+            stores[name] = PlanStore(LocalStore(root / name))
         return stores[name]
 
     def record(node: int, rnd: int) -> None:

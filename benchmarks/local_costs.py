@@ -25,6 +25,7 @@ from benchmarks.stats import median, percentiles, time_calls, time_interleaved
 from plancache import Plan, PlanCache
 from plancache._backends.local import LocalStore
 from plancache._plan import SCHEMA
+from plancache._store import PlanStore
 from plancache.testing import GiB
 
 DENIED_MODULES = ("s3fs", "gcsfs", "vllm", "torch", "boto3", "aiobotocore")
@@ -73,7 +74,8 @@ def measure_local(n: int = 2000) -> dict[str, Any]:
         ]
 
     with tempfile.TemporaryDirectory(prefix="plancache-bench-") as tmp:
-        store = LocalStore(Path(tmp) / "startup_plan")
+        layer = LocalStore(Path(tmp) / "startup_plan")
+        store = PlanStore(layer)
         base, better = plans(60 * GiB), plans(61 * GiB)
         cache = PlanCache(store)
         writes = {
@@ -90,7 +92,7 @@ def measure_local(n: int = 2000) -> dict[str, Any]:
             ),
         }
         hit_fp = better[0].fingerprint
-        path = store.root / f"startup_plan_{hit_fp}.json"
+        path = layer.root / f"startup_plan_{hit_fp}.json"
 
         def baseline() -> object:
             with open(path) as f:

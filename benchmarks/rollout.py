@@ -51,7 +51,7 @@ from typing import Any
 from benchmarks import machine
 from benchmarks.console import log_to_stderr
 from benchmarks.fleet import Fleet, config_factors
-from plancache import PlanCache, PlanStoreError, open_store
+from plancache import ObjectLayer, PlanCache, PlanStoreError, open_store
 from plancache import _background as background
 from plancache._artifacts.engine import CompileSettings, Fetched
 from plancache._artifacts.manifest import artifact_object_name
@@ -355,7 +355,8 @@ def _final_state(
             f"s3://{bucket}/models", endpoint_url=moto.endpoint, read_timeout=20, timeout=60
         )
         try:
-            return {"artifact_bytes": _artifact_size(store), **_lost(reports, population, store)}
+            size = _artifact_size(store.layer)
+            return {"artifact_bytes": size, **_lost(reports, population, store)}
         except PlanStoreError as exc:
             why = f"{type(exc).__name__}: {exc}"
         finally:
@@ -363,7 +364,7 @@ def _final_state(
     return {"accounting": f"the final state could not be read ({ACCOUNTING_TRIES} tries): {why}"}
 
 
-def _artifact_size(store: Any) -> int:
+def _artifact_size(store: ObjectLayer) -> int:
     """The stored artifact's size (0 if none was stored)."""
     found = store.open_object(artifact_object_name(KEY, RANK))
     if found is None:
@@ -391,7 +392,7 @@ def _lost(reports: list[dict[str, Any]], population: list[Node], store: Any) -> 
             kv, free = r["observation"]
             if not covers(stored, Observation(kv, free, 0.0)):
                 local = open_store(str(Path(population[r["node"]].directory) / "local"))
-                marked = UNSHARED_PREFIX + fp in set(local.list_objects(UNSHARED_PREFIX))
+                marked = UNSHARED_PREFIX + fp in set(local.layer.list_objects(UNSHARED_PREFIX))
                 kept += marked
                 lost += not marked
     return {"observations_lost": lost, "observations_kept_for_next_boot": kept}

@@ -220,7 +220,8 @@ class Breaker:
         """The breaker whose marks live beside ``store``'s plans: a local store's (its
         directory is a node's local directory); None for any other store (a node's marks are
         in its own local directory)."""
-        return cls.for_dir(store.root) if isinstance(store, LocalStore) else None
+        layer = store.layer
+        return cls.for_dir(layer.root) if isinstance(layer, LocalStore) else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Breaker:

@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from plancache import _background as background
 from plancache import _metrics as metrics
-from plancache._backends.lazy import LazyStore
+from plancache._backends.lazy import Opening
 from plancache._background import Job, JobTimeout
 from plancache._defaults import DEFAULT_BUDGET_S, RECORD_EXIT_WAIT_S
-from plancache._forwarding import ForwardingStore
 from plancache._gate import Budget, gate
 from plancache._keys import Scalar, fingerprint
 from plancache._observation import Observation
@@ -154,17 +153,19 @@ class PlanCache:
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory, called through a ``LazyStore`` on first use (again on the
+        ``store`` may be a factory, called through an ``Opening`` on first use (again on the
         next use while it raises), so that opening a remote client is bounded like any other
         I/O."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
-        self._lazy: LazyStore | None = None
-        if not isinstance(store, PlanStore):
+        self._opening: Opening[PlanStore] | None = None
+        self._store: PlanStore | None = None
+        if isinstance(store, PlanStore):
+            self._store = store
+        else:
             name = getattr(store, "__qualname__", type(store).__name__)
-            store = self._lazy = LazyStore(f"{name}()", store)
-        self._store: PlanStore = store
+            self._opening = Opening(f"{name}()", store)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:
@@ -182,8 +183,11 @@ class PlanCache:
     @property
     def store(self) -> PlanStore:
         """The store; where a factory was given, the store it returned, opened on first use
-        (``LazyStore.opened``: raises what opening raised, or past its ``open_timeout``)."""
-        return self._store if self._lazy is None else self._lazy.opened
+        (``Opening.opened``: raises what opening raised, or past its ``open_timeout``)."""
+        if self._store is not None:
+            return self._store
+        assert self._opening is not None
+        return self._opening.opened
 
     def warm(self) -> None:
         """Start opening the store (calling the factory, if one was given) and the stores
@@ -191,8 +195,13 @@ class PlanCache:
         credentials) on daemon threads, and return at once, so that a later lookup's budget
         goes to the request alone. Never raises; a failure to open shows up in the next
         lookup's reason."""
-        if isinstance(self._store, ForwardingStore):
-            self._store.warm()
+        try:
+            if self._store is not None:
+                self._store.warm()
+            elif self._opening is not None:
+                self._opening.warm()
+        except Exception as exc:  # never raises: a later lookup names it
+            log.debug("plancache: warm: %s: %s", type(exc).__name__, scrub(str(exc)))
 
     def lookup(
         self,
@@ -239,7 +248,7 @@ class PlanCache:
         start = time.perf_counter()
         refused: PlanStoreReadOnlyError | None = None
         try:
-            done = _bounded(lambda: self._store.retract(fingerprint, observation), self.timeout)
+            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
         except PlanStoreReadOnlyError as exc:  # read-only, no local tier: nothing to change
             refused = exc
         except Exception as exc:
@@ -299,7 +308,7 @@ class PlanCache:
             reason, detail = Reason.INVALID_INPUT, f"{type(exc).__name__}: {exc}"
         else:
             fp = plan.fingerprint
-            job = background.start(lambda: self._store.put(plan), "plancache-record")
+            job = background.start(lambda: self.store.put(plan), "plancache-record")
             try:
                 reason = outcome = job.wait(self.timeout)
             except JobTimeout as exc:
@@ -361,7 +370,7 @@ class PendingLookup:
         def fetch() -> Plan | None:
             if callable(avoid):
                 self.avoid = frozenset(avoid(key))
-            return cache._store.find(key, usable)
+            return cache.store.find(key, usable)
 
         self._fetch = background.start(fetch, "plancache-lookup")
 

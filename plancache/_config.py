@@ -32,9 +32,10 @@ from typing import Any
 
 import orjson
 
-from plancache._backends import open_store
+from plancache._backends import open_layer
 from plancache._defaults import DEFAULT_BUDGET_S, default_dir
 from plancache._neighbours import foreign
+from plancache._objects import ObjectLayer
 from plancache._parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
 from plancache._redaction import redact, without_userinfo
 from plancache._signing import NO_KEYS, Keyring, parse_keys
@@ -204,13 +205,14 @@ class Settings:
         ``LazyStore``: each use waits at most its ``open_timeout``), so that the local tier
         answers without waiting for the remote client; an object store is written only once
         the conformance probe found it honest (``plancache._backends.guarded``; verdicts
-        cached under ``local_dir``)."""
-        store: PlanStore
+        cached under ``local_dir``). Every kind is built on the object layers this opens:
+        the plans kind here, the others on ``layer`` and ``local_tier``."""
+        layer: ObjectLayer
         if is_remote(self.url):
             from plancache._backends.guarded import open_guarded
             from plancache._backends.lazy import LazyStore
 
-            store = LazyStore(
+            layer = LazyStore(
                 self.url,
                 functools.partial(
                     open_guarded,
@@ -220,14 +222,16 @@ class Settings:
                     trust=self.trust_preconditions,
                     writable=not self.read_only,
                     patience=self.write_patience,
+                    keyring=self.keyring,
                 ),
             )
         else:
-            store = open_store(self.url, **self.storage_options)
+            layer = open_layer(self.url, **self.storage_options)
+        store = PlanStore(layer)
         if self.local_tier is not None or self.read_only:
             from plancache._backends.tiered import TieredStore
 
-            local = open_store(self.local_tier) if self.local_tier is not None else None
+            local = None if self.local_tier is None else PlanStore(open_layer(self.local_tier))
             store = TieredStore(store, local=local, read_only=self.read_only)
         store.use_keyring(self.keyring)
         return store

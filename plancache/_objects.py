@@ -18,6 +18,14 @@ about S3, GCS or files. Names are base names under the store's location (no ``/`
   bounds (pages, time, a repeated page token).
 
 Failures raise ``PlanStoreError`` subclasses (``plancache.errors``).
+
+Every backend (a local directory, S3, GCS, any fsspec filesystem, a third party's) and every
+wrapper of one (``plancache._forwarding.ForwardingLayer``: a lazy opening, a write guard, a
+read-only view) is an ``ObjectLayer`` and nothing else; each kind, plans included
+(``plancache._store.PlanStore``), is built on one by composition. Besides the five
+primitives a layer answers a few generic questions with safe defaults (``atomic``,
+``check_writable``, ``known_to_ignore_preconditions``, ``remove_stale_temp_files``,
+``own``, ``warm``, ``close``), so that no kind ever asks which backend it is on.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+STALE_TEMP_SECONDS = 3600.0
+"""Age past which a temp file of a write is a killed writer's leftover."""
 PART_BYTES = 8 << 20
 """Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
 multiples of 256 KiB)."""
@@ -99,7 +109,10 @@ def parts(chunks: Iterable[bytes], size: int = PART_BYTES) -> Iterator[bytes]:
 
 
 class ObjectLayer(ABC):
-    """The object API (see the module docstring); every backend implements it."""
+    """The object API (see the module docstring); every backend and wrapper implements it."""
+
+    #: False where the backend cannot make create/replace atomic (documented per backend).
+    atomic: bool = True
 
     @property
     @abstractmethod
@@ -126,6 +139,38 @@ class ObjectLayer(ABC):
     @abstractmethod
     def list_objects(self, prefix: str) -> Iterator[str]:
         """The base names of the objects whose names start with ``prefix``."""
+
+    def check_writable(self) -> None:
+        """Raise what a write would raise where this layer refuses writes now
+        (``PlanStoreReadOnlyError`` and its subclasses, ``PlanStoreUnavailableError``), so
+        that a kind fails before reading what it would write; may wait for a write guard's
+        verdict. Nothing by default."""
+
+    def known_to_ignore_preconditions(self) -> bool:
+        """True if this layer, or one beneath it, is already known to ignore write
+        preconditions (a write guard's verdict); never probes. False by default."""
+        return False
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        """Delete the temp files (of the object ``name`` only, if given) that killed writers
+        left more than ``older_than`` seconds ago; how many were (or, with ``dry_run``, would
+        be) removed. None to remove by default (a local directory has them)."""
+        return 0
+
+    def own(self) -> ObjectLayer:
+        """This layer, reading only what no other local user could have written: a local
+        directory refuses another user's files (``LocalStore.own``); every other layer is
+        itself (what may write it is its credentials' business)."""
+        return self
+
+    def warm(self) -> None:
+        """Start opening, on daemon threads, what this layer opens on first use (a lazy
+        opening, a write guard's probe); returns at once. Nothing by default."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
 
     def close(self) -> None:
         """Release resources held by the store (sessions, pools). Idempotent."""

@@ -45,8 +45,8 @@ from typing import TypeVar
 
 from plancache import _background as background
 from plancache._keys import plan_object_name
-from plancache._objects import CREATE, PART_BYTES, Update
-from plancache._store import READ_LIMIT, PlanStore
+from plancache._objects import CREATE, PART_BYTES, ObjectLayer, Update
+from plancache._store import READ_LIMIT
 from plancache.errors import PlancacheError, PlanStoreError, PlanStorePermissionError
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ class _Decided(PlancacheError):
 
 @dataclass
 class _Run:
-    store: PlanStore
+    store: ObjectLayer
     deadline: float
     token: str = field(default_factory=lambda: secrets.token_hex(8))
     steps: list[Step] = field(default_factory=list)
@@ -296,7 +296,7 @@ class _Run:
         return Step("cleanup", True)
 
 
-def probe(store: PlanStore, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
+def probe(store: ObjectLayer, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Run the probe on fresh random keys of ``store``; never raises a ``PlanStoreError``.
     Bounded: ``CHECK_REQUESTS`` primitive calls and three deletes, and ``timeout`` seconds
     (each call also bounded by the store's own call timeout)."""

@@ -1,14 +1,14 @@
-"""The plans kind: the ``PlanStore`` contract and the one compare-and-swap loop (no I/O
-libraries).
+"""The plans kind: ``PlanStore``, built on an object layer (composition), and its one
+compare-and-swap loop (no I/O libraries).
 
-Backends implement the object API (``plancache._objects.ObjectLayer``: read with a version
-token, write create-if-absent or replace-if-version-matches, delete unconditionally or
-if-version-matches, list); a plan is the object ``startup_plan_{fp}.json``. Everything else,
-including the merge of concurrent writers, the backoff of those that lose a race and the
-signing of what is written (``PlanStore.keyring``, see ``plancache._signing``), lives here once.
-Stores that wrap another (a tier, a lazy opening, a write guard) derive from
-``plancache._forwarding.ForwardingStore`` and reach it through its public methods only,
-never its primitives.
+A plan is the object ``startup_plan_{fp}.json`` of a layer (``plancache._objects.ObjectLayer``:
+read with a version token, write create-if-absent or replace-if-version-matches, delete
+unconditionally or if-version-matches, list): every backend and wrapper is a layer and nothing
+else, and the plans kind is one more kind on it, like compile artifacts or cache bundles.
+Everything plans need beyond the layer, including the merge of concurrent writers, the
+backoff of those that lose a race and the signing of what is written (``PlanStore.keyring``,
+see ``plancache._signing``), lives here once. A plans kind over two layers (a local tier in
+front of a remote store) is ``plancache._backends.tiered.TieredStore``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ import hashlib
 import logging
 import random
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from plancache._defaults import PUT_BUDGET_S
 from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, plan_object_name, validate_key
 from plancache._merge import covers, merge, retract
 from plancache._objects import CREATE, ObjectLayer, Update
+from plancache._objects import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
 from plancache._observation import Observation
 from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here
@@ -47,8 +49,10 @@ READ_LIMIT = MAX_RECORD_BYTES + 1
 """Readers fetch at most this many bytes; a longer record is invalid without reading it all."""
 MAX_SEEN = 4096
 """Fingerprints a store object remembers having seen stored (``PlanStore._seen``)."""
-STALE_TEMP_SECONDS = 3600.0
-"""Age past which a temp file of a write is a killed writer's leftover."""
+_LAYER_METHODS = frozenset(
+    {"read_object", "open_object", "write_object", "delete_object", "list_objects"}
+)
+"""The object layer's primitives, which 0.3.0's ``PlanStore`` offered itself."""
 
 
 def content_version(data: bytes) -> str:
@@ -93,8 +97,9 @@ def _adds_nothing(stored: Plan, new: Plan, merged: Plan) -> bool:
     )
 
 
-class PlanStore(ObjectLayer):
-    """Where plans live. Guarantees, for every backend that passes the conformance suite:
+class PlanStore:
+    """The plans kind on ``layer``. Guarantees, for every layer that passes the conformance
+    suite:
 
     - ``get`` returns a valid plan, None for a missing one, or raises ``InvalidPlanError``
       for a record that breaks a rule (``InvalidSignatureError`` for one the keyring does
@@ -102,14 +107,16 @@ class PlanStore(ObjectLayer):
     - ``put`` is atomic and merges: the stored record becomes the merge of it and the new one
       (signed, or kept, as the keyring's rules say).
     - transport and permission failures raise ``PlanStoreError`` subclasses.
-    - every key is validated before any I/O.
+    - every key is validated before any I/O, and a write asks the layer first
+      (``check_writable``): a layer that refuses writes (read-only, a store found to ignore
+      preconditions) fails it before anything is read.
 
     ``put`` is ``put_merged`` without the record, and ``retract`` is a ``rewrite``: a
     subclass that changes how records are written overrides those two, and both follow.
+    The layer's primitives (``read_object``, ...) are reached through ``layer``; asked of
+    the store they still answer, with a ``DeprecationWarning``, until 0.5.0.
     """
 
-    #: False where the backend cannot make create/replace atomic (documented per backend).
-    atomic: bool = True
     #: Bound on the compare-and-swap loop's rounds when racing writers keep winning.
     max_put_attempts: int = 16
     #: Seconds after which the compare-and-swap loop starts no new round (``PUT_BUDGET_S``).
@@ -117,24 +124,28 @@ class PlanStore(ObjectLayer):
     #: Signs what the store writes and judges what it reads (``plancache._signing``).
     keyring: Keyring = NO_KEYS
 
+    def __init__(self, layer: ObjectLayer, keyring: Keyring | None = None) -> None:
+        if not isinstance(layer, ObjectLayer):
+            raise TypeError(f"not an ObjectLayer: {type(layer).__qualname__}")
+        self.layer = layer
+        if keyring is not None:
+            self.keyring = keyring
+
     @property
-    def local_tier(self) -> PlanStore | None:
-        """The local tier in front of this store (a ``TieredStore``'s), or None. Asked of
-        this store only: a store it wraps is not opened to answer."""
+    def url(self) -> str:
+        """The layer's location, without secrets."""
+        return self.layer.url
+
+    @property
+    def atomic(self) -> bool:
+        """False where the layer cannot make create/replace atomic."""
+        return self.layer.atomic
+
+    @property
+    def local_tier(self) -> ObjectLayer | None:
+        """The layer of the local tier in front of this store (a ``TieredStore``'s), or
+        None: where kinds that read both tiers find it."""
         return None
-
-    def known_to_ignore_preconditions(self) -> bool:
-        """True if this store, or one beneath it, is already known to ignore write
-        preconditions (a ``GuardedStore``'s verdict); never probes. False by default."""
-        return False
-
-    def remove_stale_temp_files(
-        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
-    ) -> int:
-        """Delete the temp files (of the object ``name`` only, if given) that killed writers
-        left more than ``older_than`` seconds ago; how many were (or, with ``dry_run``, would
-        be) removed. None to remove by default (a local directory's store has them)."""
-        return 0
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring`` from now on (``Settings.open_store`` does
@@ -142,40 +153,61 @@ class PlanStore(ObjectLayer):
         self.keyring = keyring
 
     def own(self) -> PlanStore:
-        """This store, reading only what no other local user could have written: a local
-        directory refuses another user's files (``LocalStore.own``); every other store is
-        itself (what may write it is its credentials' business)."""
-        return self
+        """The plans of ``layer.own()`` with this store's keyring: reading only what no other
+        local user could have written (``ObjectLayer.own``)."""
+        return PlanStore(self.layer.own(), self.keyring)
+
+    def warm(self) -> None:
+        """Start opening what the layer opens on first use (``ObjectLayer.warm``); returns
+        at once."""
+        self.layer.warm()
+
+    def close(self) -> None:
+        """Close the layer. Idempotent."""
+        self.layer.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
+        return f"{type(self).__name__}({self.layer!r})"
+
+    if not TYPE_CHECKING:  # typed code reaches the layer through ``layer``
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _LAYER_METHODS:
+                warnings.warn(
+                    f"PlanStore.{name} is deprecated: use PlanStore.layer.{name} (removed in "
+                    "0.5.0)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                return getattr(self.layer, name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- the plans kind on the object layer: its records as objects --------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
         """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent."""
-        return self.read_object(plan_object_name(fp), READ_LIMIT)
+        return self.layer.read_object(plan_object_name(fp), READ_LIMIT)
 
     def _create(self, fp: str, data: bytes) -> bool:
         """Write ``data`` only if no record exists; False if one does. Atomic."""
-        return self.write_object(plan_object_name(fp), (data,), CREATE)
+        return self.layer.write_object(plan_object_name(fp), (data,), CREATE)
 
     def _replace(self, fp: str, data: bytes, version: object) -> bool:
         """Overwrite only if the stored version is still ``version``; False otherwise."""
-        return self.write_object(plan_object_name(fp), (data,), Update(version))
+        return self.layer.write_object(plan_object_name(fp), (data,), Update(version))
 
     def _delete_if(self, fp: str, version: object) -> bool:
         """Remove the record only if its version is still ``version`` (a token ``_read``
         returned); False if it changed or is gone. Atomic where the service honours the
         precondition (see each backend)."""
-        return self.delete_object(plan_object_name(fp), version)
+        return self.layer.delete_object(plan_object_name(fp), version)
 
     def _delete(self, fp: str) -> bool:
         """Remove the record, whatever its version; False if it was absent."""
-        return self.delete_object(plan_object_name(fp))
+        return self.layer.delete_object(plan_object_name(fp))
 
     def _list(self) -> Iterator[str]:
         """Fingerprints of stored records (names that are not plans are skipped)."""
-        names = self.list_objects(OBJECT_PREFIX)
+        names = self.layer.list_objects(OBJECT_PREFIX)
         return (fp for fp in map(fingerprint_of_name, names) if fp is not None)
 
     # -- the public contract ------------------------------------------------------------
@@ -217,6 +249,7 @@ class PlanStore(ObjectLayer):
         signed is replaced by a write that one does (``Keyring.displaces``)."""
         keys = self.keyring
         fp = validate_key(plan.fingerprint)
+        self.layer.check_writable()
         new = keys.seal(plan)
         created: _Step[Put] = _Step((PutOutcome.CREATED, new), new.encode())
 
@@ -267,6 +300,7 @@ class PlanStore(ObjectLayer):
         valid signature raises ``InvalidSignatureError``; without one, changing a signed
         record raises ``PlanStorePermissionError``."""
         validate_key(fp)
+        self.layer.check_writable()
         keys = self.keyring
 
         def step(found: Found) -> _Step[Plan | None]:
@@ -315,6 +349,7 @@ class PlanStore(ObjectLayer):
         backend). True if no record is left (deleted, or gone); False if the record stored
         now is not doomed, and kept."""
         validate_key(fp)
+        self.layer.check_writable()
 
         def step(found: Found) -> _Step[bool]:
             if found is None:
@@ -325,7 +360,9 @@ class PlanStore(ObjectLayer):
 
     def delete(self, fp: str) -> bool:
         """Remove the plan under ``fp``, whatever it holds now; True if one was there."""
-        removed = self._delete(validate_key(fp))
+        validate_key(fp)
+        self.layer.check_writable()
+        removed = self._delete(fp)
         self._note(fp, stored=False)
         return removed
 

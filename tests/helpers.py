@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from plancache import Plan
+from plancache import Plan, PlanStore
 from plancache._backends._remote import CallTimeouts
+from plancache._backends.local import LocalStore
 from plancache._observation import Observation
 from plancache.testing import child_env
 
@@ -112,3 +113,10 @@ def dead_mark(marks: Path, fingerprint: str, observation: Observation) -> Path:
     )
     assert done.returncode == 0, done.stderr
     return Path(done.stdout.strip())
+
+
+def local_layer(store: PlanStore) -> LocalStore:
+    """The local directory ``store``'s plans are kept in (a test's own local store)."""
+    layer = store.layer
+    assert isinstance(layer, LocalStore), layer
+    return layer

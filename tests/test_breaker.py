@@ -31,7 +31,14 @@ from plancache._inventory.plans import prune
 from plancache._observation import Observation
 from plancache.testing import GiB, child_env, make_plan
 from plancache.testing.servers import CountingProxy
-from tests.helpers import LOOSE_OPTIONS, ODD_ENTRIES, dead_mark, plant_odd_entry, within
+from tests.helpers import (
+    LOOSE_OPTIONS,
+    ODD_ENTRIES,
+    dead_mark,
+    local_layer,
+    plant_odd_entry,
+    within,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BAD = make_plan(kv=30 * GiB, baseline=70 * GiB)
@@ -156,7 +163,7 @@ def shared(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[dict[str, str], PlanStore]]:
     if request.param == "local":
-        store: PlanStore = LocalStore(tmp_path / "shared")
+        store: PlanStore = PlanStore(LocalStore(tmp_path / "shared"))
         yield {"PLANCACHE_URL": str(store.url)}, store
     else:
         env, store = _remote_env(request.param, request)
@@ -243,7 +250,7 @@ def test_a_live_boot_in_another_pid_namespace_is_not_judged_crashed(tmp_path: Pa
     """Two containers on one node share the marks directory and the host name, not the PID
     namespace; the first is warming up with the plan applied when the second boots, and a
     container restart comes back in a new PID namespace."""
-    store = LocalStore(tmp_path / "shared")
+    store = PlanStore(LocalStore(tmp_path / "shared"))
     store.put(BAD)
     a = _node(tmp_path, "a", {"PLANCACHE_URL": store.url})
     with a.applying(namespace=True):
@@ -295,7 +302,7 @@ def test_marks_are_judged_only_where_their_lock_is_evidence(tmp_path: Path) -> N
     }
     for i, (o, (fields, _)) in enumerate(cases.items()):
         _plant(breaker.directory / f"{FP[:16]}.{i}.x{MARK_SUFFIX}", o, **fields)
-    store = LocalStore(tmp_path / "s")
+    store = PlanStore(LocalStore(tmp_path / "s"))
     crashed = {o.digest for o, (_, judged) in cases.items() if judged}
     assert breaker.recover(PlanCache(store), FP) == crashed
     assert len(list(breaker.directory.glob("*" + MARK_SUFFIX))) == 2
@@ -309,7 +316,7 @@ def test_odd_entries_named_like_marks_are_skipped_without_waiting(
     breaker = Breaker(tmp_path / "marks")
     breaker.directory.mkdir(mode=0o700)
     plant_odd_entry(kind, breaker.directory / f"{FP[:16]}.1.odd{suffix}", BAD)
-    store = LocalStore(tmp_path / "s")
+    store = PlanStore(LocalStore(tmp_path / "s"))
     store.put(BAD)
     assert within(5, lambda: breaker.recover(PlanCache(store), FP)) == frozenset()
     assert within(5, lambda: breaker.avoided(FP)) == frozenset()
@@ -317,7 +324,7 @@ def test_odd_entries_named_like_marks_are_skipped_without_waiting(
 
 
 def test_a_fifo_named_like_a_mark_does_not_hold_up_a_boot(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "shared")
+    store = PlanStore(LocalStore(tmp_path / "shared"))
     store.put(BAD)
     a = _node(tmp_path, "a", {"PLANCACHE_URL": store.url, "PLANCACHE_TIMEOUT": "1"})
     a.marks.mkdir(mode=0o700, parents=True)
@@ -339,9 +346,9 @@ def _flood(directory: Path, n: int, mtime: float) -> None:
 
 
 def test_a_crash_record_outlives_a_flood_of_newer_files(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "s")
+    store = PlanStore(LocalStore(tmp_path / "s"))
     store.put(BAD)
-    breaker = Breaker.for_dir(store.root)
+    breaker = Breaker.for_dir(local_layer(store).root)
     dead_mark(breaker.directory, FP, BAD.observations[0])
     _flood(breaker.directory, MAX_MARKS, time.time() + 3600)  # future-dated
     cache = PlanCache(store)
@@ -408,7 +415,7 @@ def test_marks_that_another_user_could_write_are_ignored_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, distrust_warned_once: None
 ) -> None:
     nobody = 65534
-    store = LocalStore(tmp_path / "s")
+    store = PlanStore(LocalStore(tmp_path / "s"))
     store.put(BAD)
     cache = PlanCache(store)
     theirs = Breaker(tmp_path / "theirs")  # a directory another user owns
@@ -436,7 +443,7 @@ def test_marks_that_another_user_could_write_are_ignored_with_one_warning(
 
 
 def test_a_live_boots_mark_is_left_alone(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "s")
+    store = PlanStore(LocalStore(tmp_path / "s"))
     store.put(BAD)
     breaker = Breaker.for_dir(tmp_path / "s")
     mark = breaker.arm(FP, BAD.observations[0])
@@ -450,7 +457,7 @@ def test_a_live_boots_mark_is_left_alone(tmp_path: Path) -> None:
 def test_marks_are_bounded_in_number_and_age_and_pruned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     breaker = Breaker(tmp_path / "marks", max_marks=4)
     marks = [breaker.arm(FP, make_plan(kv=(i + 1) * GiB).observations[0]) for i in range(6)]
     for i, m in enumerate(marks):
@@ -475,12 +482,12 @@ def test_an_unwritable_directory_never_raises(tmp_path: Path) -> None:
     breaker = Breaker(blocker / "marks")
     assert breaker.arm(FP, BAD.observations[0]) is None
     breaker.disarm(None)
-    assert breaker.recover(PlanCache(LocalStore(tmp_path / "s")), FP) == frozenset()
+    assert breaker.recover(PlanCache(PlanStore(LocalStore(tmp_path / "s"))), FP) == frozenset()
     assert breaker.clean() == 0
 
 
 def test_a_local_store_holds_its_nodes_marks(tmp_path: Path) -> None:
     """``plancache prune`` cleans the marks beside a local store's plans, and only there."""
-    breaker = Breaker.beside(LocalStore(tmp_path / "plans"))
+    breaker = Breaker.beside(PlanStore(LocalStore(tmp_path / "plans")))
     assert breaker is not None and breaker.directory == tmp_path / "plans" / "marks"
     assert Breaker.beside(open_store("memory://plans")) is None

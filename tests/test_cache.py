@@ -19,11 +19,12 @@ from plancache._store import PlanStore
 from plancache.testing import FACTORS, GiB, make_plan
 
 
-class SlowStore(LocalStore):
-    """A local store whose reads and writes first sleep (a store that stopped answering)."""
+class SlowStore(PlanStore):
+    """Plans in a local directory whose reads and writes first sleep (a store that stopped
+    answering)."""
 
     def __init__(self, root: Path, delay: float) -> None:
-        super().__init__(root)
+        super().__init__(LocalStore(root))
         self.delay = delay
 
     def _read(self, fp: str) -> tuple[bytes, object] | None:
@@ -35,11 +36,11 @@ class SlowStore(LocalStore):
         return super()._create(fp, data)
 
 
-class BrokenStore(LocalStore):
-    """A local store whose reads fail the way a given exception says."""
+class BrokenStore(PlanStore):
+    """Plans in a local directory whose reads fail the way a given exception says."""
 
     def __init__(self, root: Path, exc: BaseException) -> None:
-        super().__init__(root)
+        super().__init__(LocalStore(root))
         self.exc = exc
 
     def _read(self, fp: str) -> tuple[bytes, object] | None:
@@ -51,7 +52,7 @@ class BrokenStore(LocalStore):
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[PlanStore]:
-    yield LocalStore(tmp_path)
+    yield PlanStore(LocalStore(tmp_path))
 
 
 def test_miss_then_record_then_hit(store: PlanStore, caplog: pytest.LogCaptureFixture) -> None:
@@ -157,7 +158,7 @@ def test_store_factory_is_opened_lazily_and_within_budget(tmp_path: Path) -> Non
     def slow_factory() -> PlanStore:
         calls.append(1)
         time.sleep(2.0)
-        return LocalStore(tmp_path)
+        return PlanStore(LocalStore(tmp_path))
 
     cache = PlanCache(slow_factory, timeout=0.2)
     assert calls == []
@@ -170,7 +171,7 @@ def test_from_env_uses_the_configured_directory(tmp_path: Path) -> None:
     cache = PlanCache.from_env({"PLANCACHE_URL": str(tmp_path), "PLANCACHE_TIMEOUT": "0.5"})
     assert cache.timeout == 0.5
     cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
-    assert list(LocalStore(tmp_path).iter_fingerprints()) == [make_plan().fingerprint]
+    assert list(PlanStore(LocalStore(tmp_path)).iter_fingerprints()) == [make_plan().fingerprint]
 
 
 def test_timeout_must_be_positive(store: PlanStore) -> None:
@@ -184,7 +185,7 @@ def test_warm_opens_the_store_in_the_background(tmp_path: Path) -> None:
     def slow_factory() -> PlanStore:
         release.wait(10)
         opened.set()
-        return LocalStore(tmp_path)
+        return PlanStore(LocalStore(tmp_path))
 
     cache = PlanCache(slow_factory, timeout=0.3)
     cache.warm()  # returns while the store is still opening
@@ -243,17 +244,17 @@ def test_hostile_values_never_raise(store: PlanStore) -> None:
 def test_a_lookup_runs_on_the_thread_that_opened_the_store(tmp_path: Path) -> None:
     """After ``warm``, a lookup starts no thread of its own: it hands its fetch to the idle
     thread that opened the store (no thread start-up on a boot's critical path)."""
-    LocalStore(tmp_path).put(make_plan())
+    PlanStore(LocalStore(tmp_path)).put(make_plan())
     threads: list[threading.Thread] = []
 
-    class Recording(LocalStore):
+    class Recording(PlanStore):
         def _read(self, fp: str) -> tuple[bytes, object] | None:
             threads.append(threading.current_thread())
             return super()._read(fp)
 
     def factory() -> PlanStore:
         threads.append(threading.current_thread())
-        return Recording(tmp_path)
+        return Recording(LocalStore(tmp_path))
 
     cache = PlanCache(factory, timeout=5)
     cache.warm()

@@ -21,7 +21,7 @@ def test_defaults_follow_vllm_cache_root() -> None:
         False,
         None,
     )
-    assert isinstance(s.open_store(), LocalStore)
+    assert isinstance(s.open_store().layer, LocalStore)
 
 
 def test_remote_url_gets_a_local_tier_by_default() -> None:

@@ -12,7 +12,9 @@ import pytest
 
 from plancache import InvalidPlanError
 from plancache._backends.local import LocalStore
+from plancache._store import PlanStore
 from plancache.testing import GiB, make_plan
+from tests.helpers import local_layer
 
 KILLS = 50
 KEYS = [make_plan(factors={"model": f"m{i}"}).fingerprint for i in range(3)]
@@ -20,7 +22,7 @@ KEYS = [make_plan(factors={"model": f"m{i}"}).fingerprint for i in range(3)]
 
 def _writer(root: str, seed: int, ready: multiprocessing.synchronize.Event) -> None:
     """Write, replace and delete plans as fast as possible until killed."""
-    store = LocalStore(root)
+    store = PlanStore(LocalStore(root))
     rng = random.Random(seed)
     ready.set()
     while True:
@@ -37,7 +39,7 @@ def _reader(
     out: multiprocessing.Queue[tuple[int, int, int]],
 ) -> None:
     """Read every key in a loop; report (reads, hits, invalid records seen)."""
-    store = LocalStore(root)
+    store = PlanStore(LocalStore(root))
     reads = hits = invalid = 0
     while not stop.is_set():
         for fp in KEYS:
@@ -86,10 +88,10 @@ def test_sigkilled_writers_never_expose_a_torn_plan(tmp_path: Path) -> None:
     invalid = sum(r[2] for r in results)
     assert invalid == 0, f"{invalid} torn or invalid reads out of {reads}"
     assert reads > 1000 and hits > 0
-    store = LocalStore(root)
+    store = PlanStore(LocalStore(root))
     for fp in store.iter_fingerprints():
         assert store.get(fp) is not None
-    left = store.temp_files()
+    left = local_layer(store).temp_files()
     print(f"reads={reads} hits={hits} temp files left by kills={len(left)}")
-    assert store.remove_stale_temp_files(older_than=0) == len(left)
-    assert store.temp_files() == []
+    assert store.layer.remove_stale_temp_files(older_than=0) == len(left)
+    assert local_layer(store).temp_files() == []

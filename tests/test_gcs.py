@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 import pytest
 
-from plancache import open_store
+from plancache import PlanStore, open_store
+from plancache._backends import open_layer
 from plancache._backends.gcs import GCSStore
 from plancache._keys import plan_object_name
 from plancache.testing import ObjectStoreContract, StoreContract, make_plan
@@ -78,7 +79,7 @@ def test_url_drops_the_trailing_slash() -> None:
 
 
 def test_replace_needs_a_generation(fake_gcs: FakeGCS, gcs_bucket: str) -> None:
-    store = open_store(f"gs://{gcs_bucket}/p", endpoint_url=fake_gcs.endpoint, token="anon")
+    store = open_layer(f"gs://{gcs_bucket}/p", endpoint_url=fake_gcs.endpoint, token="anon")
     assert isinstance(store, GCSStore)
     with pytest.raises(TypeError):
-        store._replace(make_plan().fingerprint, b"{}", "etag")
+        PlanStore(store)._replace(make_plan().fingerprint, b"{}", "etag")

@@ -11,7 +11,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from plancache import PutOutcome, open_store
+from plancache import PlanStore, PutOutcome, open_store
+from plancache._backends import open_layer
 from plancache._backends.generic import FsspecStore
 from plancache._keys import plan_object_name
 from plancache.testing import StoreContract, make_plan
@@ -68,7 +69,7 @@ def pipe_into(root: str) -> WriteRaw:
 
 def test_memory_is_atomic_and_silent(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="plancache")
-    store = open_store(f"memory://{uuid.uuid4().hex}")
+    store = open_layer(f"memory://{uuid.uuid4().hex}")
     assert isinstance(store, FsspecStore) and store.atomic
     assert not caplog.records
 
@@ -77,12 +78,13 @@ def test_other_protocols_are_not_atomic_and_say_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="plancache")
-    store = open_store(f"plancachetest://{uuid.uuid4().hex}/p")
+    store = open_layer(f"plancachetest://{uuid.uuid4().hex}/p")
     assert isinstance(store, FsspecStore) and not store.atomic
     plan = make_plan()
-    assert store.put(plan) is PutOutcome.CREATED
-    assert store.put(make_plan(kv=11 << 30)) is PutOutcome.REPLACED
-    assert store.get(plan.fingerprint) is not None
+    plans = PlanStore(store)
+    assert plans.put(plan) is PutOutcome.CREATED
+    assert plans.put(make_plan(kv=11 << 30)) is PutOutcome.REPLACED
+    assert plans.get(plan.fingerprint) is not None
     warnings = [r for r in caplog.records if "atomic" in r.getMessage()]
     assert len(warnings) == 1
     assert store.url in warnings[0].getMessage()

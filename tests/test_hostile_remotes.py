@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from plancache import PlanCache, open_store
+from plancache import PlanCache
+from plancache._backends import open_layer
 from plancache._backends._remote import RemoteStore
 from plancache._backends.local import LocalStore
 from plancache._config import Settings
 from plancache._inventory.artifacts import names as artifact_names
 from plancache._keys import plan_object_name
+from plancache._store import PlanStore
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import Reply, Respond, ScriptedServer, SilentServer
@@ -47,7 +49,7 @@ def test_local_tier_answers_while_the_remote_client_opens(
     fake_gcs: FakeGCS, slow_token_check: None, tmp_path: Path
 ) -> None:
     tier = tmp_path / "tier"
-    LocalStore(tier).put(make_plan())
+    PlanStore(LocalStore(tier)).put(make_plan())
     cache = PlanCache(_gcs_settings(fake_gcs, str(tier)).open_store, timeout=2.0)
     start = time.monotonic()
     decision = cache.lookup(FACTORS, current_free_memory=80 * GiB)
@@ -105,16 +107,16 @@ def _listing(backend: str, page: Callable[[int], bytes]) -> Respond:
 
 def _store(backend: str, endpoint: str) -> RemoteStore:
     if backend == "s3":
-        store = open_store("s3://hostile/p", endpoint_url=endpoint)
+        store = open_layer("s3://hostile/p", endpoint_url=endpoint)
     else:
-        store = open_store("gs://hostile/p", endpoint_url=endpoint, token="anon")
+        store = open_layer("gs://hostile/p", endpoint_url=endpoint, token="anon")
     assert isinstance(store, RemoteStore)
     return store
 
 
 PAGE = {"s3": _s3_page, "gcs": _gcs_page}
 LISTERS: dict[str, Callable[[RemoteStore], object]] = {
-    "plans": lambda store: list(store.iter_fingerprints()),
+    "plans": lambda store: list(PlanStore(store).iter_fingerprints()),
     "compile-artifacts": artifact_names,  # every kind lists through the one bounded loop
 }
 
@@ -166,4 +168,4 @@ def test_unexpected_listing_answers_are_store_errors(backend: str, body: bytes) 
         pytest.raises(PlanStoreError, match="unexpected answer"),
     ):
         store = _store(backend, server.endpoint)
-        within(10, lambda: list(store.iter_fingerprints()))
+        within(10, lambda: list(PlanStore(store).iter_fingerprints()))

@@ -172,3 +172,44 @@ def test_the_0_3_0_artifact_store_path_still_imports(
         CompileSettings,
         Fetched,
     )
+
+
+STORE_MODULES = ["_forwarding.py", *sorted(str(p) for p in _tree() if p.startswith("_backends/"))]
+
+
+@pytest.mark.parametrize("rel", STORE_MODULES)
+def test_every_backend_and_wrapper_is_an_object_layer_only(rel: str) -> None:
+    """Backends and the layers that wrap them implement ``ObjectLayer``; the plans kind is
+    built on a layer (composition), never inherited by one. The one plans kind over two
+    layers (``TieredStore``) is a ``PlanStore``, and no layer."""
+    from plancache._objects import ObjectLayer
+    from plancache._store import PlanStore
+
+    module = importlib.import_module(_dotted(rel))
+    classes = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type)
+        and c.__module__ == module.__name__
+        and issubclass(c, (ObjectLayer, PlanStore))
+    ]
+    for cls in classes:
+        assert not (issubclass(cls, ObjectLayer) and issubclass(cls, PlanStore)), cls
+        if issubclass(cls, PlanStore):
+            assert cls.__name__ == "TieredStore", f"{cls.__qualname__} inherits the plans kind"
+    assert not issubclass(PlanStore, ObjectLayer)
+
+
+def test_a_plan_store_reaches_its_layer_only_through_layer() -> None:
+    """0.3.0's ``PlanStore`` was an object layer itself: its primitives still answer, with a
+    ``DeprecationWarning`` naming ``layer``; anything else is an ``AttributeError``."""
+    from plancache import PlanStore
+    from plancache._backends.local import LocalStore
+
+    store = PlanStore(LocalStore(ROOT / "docs"))
+    with pytest.warns(DeprecationWarning, match=r"PlanStore.list_objects .* PlanStore.layer"):
+        assert list(store.list_objects("layout.md")) == ["layout.md"]  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="root"):
+        store.root  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(TypeError, match="not an ObjectLayer"):
+        PlanStore(store)  # type: ignore[arg-type]

@@ -15,9 +15,11 @@ import pytest
 from plancache import Plan, PlanCache, PlanStoreError, PutOutcome
 from plancache._backends.local import LocalStore
 from plancache._keys import plan_object_name
+from plancache._store import PlanStore
 from plancache.errors import PlanStorePermissionError
 from plancache.testing import FACTORS, StoreContract, child_env, make_plan
 from plancache.testing.contract import StoreSpec, WriteRaw
+from tests.helpers import local_layer
 
 
 def write_file(root: Path) -> WriteRaw:
@@ -53,21 +55,21 @@ class TestFileUrlContract(StoreContract):
 
 
 def test_files_are_named_for_standard_tools(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     plan = make_plan()
     store.put(plan)
     assert (tmp_path / f"startup_plan_{plan.fingerprint}.json").read_bytes() == plan.encode()
-    assert store.temp_files() == []
+    assert local_layer(store).temp_files() == []
 
 
 def test_other_files_in_the_directory_are_ignored(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "startup_plan_zz.json").write_text("{}")
-    assert list(LocalStore(tmp_path).iter_fingerprints()) == []
+    assert list(PlanStore(LocalStore(tmp_path)).iter_fingerprints()) == []
 
 
 def test_stale_temp_files_are_removed_and_fresh_ones_kept(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(make_plan())
     old = tmp_path / ".startup_plan_x.host.1.abcd.tmp"
     new = tmp_path / ".startup_plan_y.host.2.ef01.tmp"
@@ -75,9 +77,9 @@ def test_stale_temp_files_are_removed_and_fresh_ones_kept(tmp_path: Path) -> Non
     new.write_bytes(b"{")
     past = time.time() - 7200
     os.utime(old, (past, past))
-    assert store.remove_stale_temp_files() == 1
+    assert store.layer.remove_stale_temp_files() == 1
     assert not old.exists() and new.exists()
-    assert store.remove_stale_temp_files(older_than=0) == 1
+    assert store.layer.remove_stale_temp_files(older_than=0) == 1
 
 
 @contextlib.contextmanager
@@ -110,38 +112,38 @@ def readonly_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_full_disk_is_a_store_error_and_leaves_no_temp_file(tiny_tmpfs: Path) -> None:
     with open(tiny_tmpfs / "filler", "wb") as f, contextlib.suppress(OSError):
         f.write(b"\0" * 64 * 1024)  # fills the 16 KiB tmpfs
-    store = LocalStore(tiny_tmpfs)
+    store = PlanStore(LocalStore(tiny_tmpfs))
     big = Plan.new(
         {**FACTORS, "pad": "x" * 20_000}, kv_cache_memory_bytes=1, free_memory_baseline=2
     )
     with pytest.raises(PlanStoreError, match="No space"):
         store.put(big)
-    assert store.temp_files() == []
+    assert local_layer(store).temp_files() == []
     assert store.get(big.fingerprint) is None
     cache = PlanCache(store)
     recorded = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
     assert (recorded.reason, recorded.outcome) == ("store-error", None)
     assert "No space" in recorded.detail
-    assert store.temp_files() == []
+    assert local_layer(store).temp_files() == []
 
 
 def test_read_only_filesystem_is_a_permission_error(readonly_tmpfs: Path) -> None:
-    store = LocalStore(readonly_tmpfs / "plans")
+    store = PlanStore(LocalStore(readonly_tmpfs / "plans"))
     assert store.get(make_plan().fingerprint) is None
     with pytest.raises(PlanStorePermissionError, match="Read-only"):
         store.put(make_plan())
     with pytest.raises(PlanStorePermissionError):
-        LocalStore(readonly_tmpfs).put(make_plan())
+        PlanStore(LocalStore(readonly_tmpfs)).put(make_plan())
 
 
 UNREADABLE = """
 import os, sys
-from plancache import PlanStoreError, PlanCache
+from plancache import PlanStoreError, PlanCache, PlanStore
 from plancache._backends.local import LocalStore
 from plancache.testing import FACTORS, make_plan
 if os.geteuid() == 0:
     os.setgid(65534); os.setuid(65534)
-store = LocalStore(sys.argv[1])
+store = PlanStore(LocalStore(sys.argv[1]))
 try:
     store.get(make_plan().fingerprint)
 except PlanStoreError as exc:
@@ -155,7 +157,7 @@ print(d.reason, r.reason)
 
 def test_unreadable_directory_is_a_permission_error_and_a_miss(tmp_path: Path) -> None:
     plans = tmp_path / "plans"
-    LocalStore(plans).put(make_plan())
+    PlanStore(LocalStore(plans)).put(make_plan())
     plans.chmod(0o000)
     tmp_path.chmod(0o755)
     try:

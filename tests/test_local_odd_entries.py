@@ -16,29 +16,31 @@ import pytest
 
 from plancache._backends.local import LOCK_NAME, LocalStore, _read_at_most
 from plancache._keys import plan_object_name
-from plancache._store import READ_LIMIT, PutOutcome
+from plancache._store import READ_LIMIT, PlanStore, PutOutcome
 from plancache.errors import InvalidPlanError, PlanStoreError, PlanStoreUnavailableError
 from plancache.testing import GiB, make_plan
-from tests.helpers import ODD_ENTRIES, plant_odd_entry, within
+from tests.helpers import ODD_ENTRIES, local_layer, plant_odd_entry, within
 
 PLAN = make_plan()
 VALID = make_plan(factors={"model": "valid/one", "rank": 0})
 
 
 @pytest.fixture(params=ODD_ENTRIES)
-def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalStore]:
-    store = LocalStore(tmp_path / "store")
+def odd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PlanStore]:
+    store = PlanStore(LocalStore(tmp_path / "store"))
     store.put(VALID)
-    plant_odd_entry(request.param, store.root / plan_object_name(PLAN.fingerprint), PLAN)
+    plant_odd_entry(
+        request.param, local_layer(store).root / plan_object_name(PLAN.fingerprint), PLAN
+    )
     yield store
-    path = store.root / plan_object_name(PLAN.fingerprint)
+    path = local_layer(store).root / plan_object_name(PLAN.fingerprint)
     if path.is_fifo():  # wake a reader blocked in open() (the code before the fix)
         with contextlib.suppress(OSError):
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
-    odd_store: LocalStore,
+    odd_store: PlanStore,
 ) -> None:
     store = odd_store
     with pytest.raises(InvalidPlanError, match="not a stored object"):
@@ -49,18 +51,18 @@ def test_odd_entry_is_invalid_listed_deletable_and_replaced_by_a_record(
     assert store.get(VALID.fingerprint) == VALID
     assert within(2, lambda: store.put(PLAN)) is PutOutcome.CREATED
     assert store.get(PLAN.fingerprint) == PLAN
-    assert (store.root / plan_object_name(PLAN.fingerprint)).is_file()
+    assert (local_layer(store).root / plan_object_name(PLAN.fingerprint)).is_file()
 
 
-def test_odd_entry_is_deleted(odd_store: LocalStore) -> None:
+def test_odd_entry_is_deleted(odd_store: PlanStore) -> None:
     store = odd_store
     assert within(2, lambda: store.delete(PLAN.fingerprint)) is True
-    assert not os.path.lexists(store.root / plan_object_name(PLAN.fingerprint))
+    assert not os.path.lexists(local_layer(store).root / plan_object_name(PLAN.fingerprint))
     assert list(store.iter_fingerprints()) == [VALID.fingerprint]
 
 
 def test_a_stale_temp_directory_does_not_fail_the_cleanup(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(VALID)
     odd = tmp_path / f".{plan_object_name(PLAN.fingerprint)}.host.1.ab.x.tmp"
     odd.mkdir()
@@ -68,23 +70,23 @@ def test_a_stale_temp_directory_does_not_fail_the_cleanup(tmp_path: Path) -> Non
     stale.write_bytes(b"{")
     os.utime(odd, (0, 0))
     os.utime(stale, (0, 0))
-    assert store.remove_stale_temp_files() == 1
+    assert store.layer.remove_stale_temp_files() == 1
     assert not stale.exists() and odd.is_dir()
 
 
 # -- the lock file ------------------------------------------------------------------------
 def test_a_planted_lock_symlink_is_never_followed(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "store")
+    store = PlanStore(LocalStore(tmp_path / "store"))
     store.put(make_plan(kv=10 * GiB))
     victim = tmp_path / "victim"
-    (store.root / LOCK_NAME).symlink_to(victim)
+    (local_layer(store).root / LOCK_NAME).symlink_to(victim)
     with pytest.raises(PlanStoreError, match="symbolic link"):
         store.put(make_plan(kv=20 * GiB))  # a replace: takes the lock
     assert not os.path.lexists(victim)
 
 
 def test_the_lock_file_mode_suits_a_group_shared_store(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     old = os.umask(0o002)
     try:
         store.put(make_plan(kv=10 * GiB))
@@ -122,9 +124,9 @@ def _release(proc: subprocess.Popen[str]) -> None:
 
 
 def test_lock_waits_are_bounded(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(PLAN)
-    store.lock_timeout = 0.5
+    local_layer(store).lock_timeout = 0.5
     holder = _hold(tmp_path / LOCK_NAME)
     try:
         start = time.monotonic()
@@ -160,9 +162,9 @@ def test_a_lock_file_replaced_while_waited_for_is_not_trusted(tmp_path: Path) ->
     """A waits on the lock file's first inode; the file is replaced and B locks the new one;
     A's holder exits. A takes the old lock, sees that it no longer guards the store and waits
     for B instead: it deletes only once B has let go."""
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(PLAN)
-    store.lock_timeout = 60.0  # never reached: every wait below ends on a condition
+    local_layer(store).lock_timeout = 60.0  # never reached: every wait below ends on a condition
     lock = tmp_path / LOCK_NAME
     first = _hold(lock)
     old = lock.stat()

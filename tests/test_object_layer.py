@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from plancache import CREATE, ObjectLayer, Update, open_store
+from plancache import CREATE, ObjectLayer, Update
+from plancache._backends import open_layer
 from plancache._objects import PART_BYTES
 from plancache.testing.servers import MotoS3
 
@@ -22,15 +23,15 @@ LARGE = os.urandom(2 * PART_BYTES + 123)  # three parts: a multipart / resumable
 @pytest.fixture(params=["local", "s3", "gcs"])
 def layer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectLayer]:
     if request.param == "local":
-        store = open_store(str(tmp_path / "objects"))
+        store = open_layer(str(tmp_path / "objects"))
     elif request.param == "s3":
         moto: MotoS3 = request.getfixturevalue("moto_s3")
         bucket = request.getfixturevalue("s3_bucket")
-        store = open_store(f"s3://{bucket}/objects", endpoint_url=moto.endpoint)
+        store = open_layer(f"s3://{bucket}/objects", endpoint_url=moto.endpoint)
     else:
         endpoint = request.getfixturevalue("gcs_endpoint")
         bucket = request.getfixturevalue("gcs_bucket")
-        store = open_store(f"gs://{bucket}/objects", endpoint_url=endpoint, token="anon")
+        store = open_layer(f"gs://{bucket}/objects", endpoint_url=endpoint, token="anon")
     yield store
     store.close()
 

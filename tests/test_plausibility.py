@@ -16,6 +16,7 @@ from plancache._gate import Budget, gate, implausible
 from plancache._merge import frontier, merge
 from plancache._observation import Observation
 from plancache._plan import Plan
+from plancache._store import PlanStore
 from plancache.testing import FACTORS, GiB, make_plan
 
 MiB = 1 << 20
@@ -102,7 +103,7 @@ def test_falls_back_to_the_largest_point_passing_both_rules(
 def test_poisoned_record_whose_kv_equals_its_baseline_is_never_applied(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(make_plan(kv=70 * GiB, baseline=70 * GiB))
     budget = Budget(requested_memory=72 * GiB, weights_memory=16 * GiB)
     with caplog.at_level(logging.INFO, logger="plancache"):
@@ -116,7 +117,7 @@ def test_poisoned_record_whose_kv_equals_its_baseline_is_never_applied(
 def test_lookup_keeps_its_positional_shape_and_falls_back_within_a_record(
     tmp_path: Any,
 ) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     store.put(make_plan(kv=40 * GiB, baseline=60 * GiB))
     store.put(make_plan(kv=70 * GiB, baseline=70 * GiB))  # the poisoned point
     cache = PlanCache(store)
@@ -128,7 +129,10 @@ def test_lookup_keeps_its_positional_shape_and_falls_back_within_a_record(
 def test_tiered_store_looks_in_the_remote_when_the_local_record_is_implausible(
     tmp_path: Any,
 ) -> None:
-    remote, local = LocalStore(tmp_path / "remote"), LocalStore(tmp_path / "local")
+    remote, local = (
+        PlanStore(LocalStore(tmp_path / "remote")),
+        PlanStore(LocalStore(tmp_path / "local")),
+    )
     local.put(make_plan(kv=70 * GiB, baseline=70 * GiB))
     remote.put(make_plan(kv=40 * GiB, baseline=60 * GiB))
     cache = PlanCache(TieredStore(remote, local=local))

@@ -17,8 +17,8 @@ from typing import Any
 import boto3
 import pytest
 
-from plancache import PlanCache, PutOutcome
-from plancache._backends import open_store
+from plancache import PlanCache, PlanStore, PutOutcome
+from plancache._backends import open_layer
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
 from plancache._backends.guarded import PROBE_ATTEMPTS, GuardedStore
 from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR, VerdictCache
@@ -70,7 +70,7 @@ def behind(server: tuple[str, str, dict[str, Any]]) -> Iterator[Behind]:
         def __enter__(self) -> tuple[RemoteStore, CountingProxy]:
             self.proxy.start()
             proxies.append(self.proxy)
-            store = open_store(url, endpoint_url=self.proxy.endpoint, **options)
+            store = open_layer(url, endpoint_url=self.proxy.endpoint, **options)
             assert isinstance(store, RemoteStore)
             return store, self.proxy
 
@@ -101,8 +101,8 @@ def test_honest_stores_pass_every_step_within_the_bounds(
             assert result.seconds < 10  # about 0.1-0.5 s on an idle machine
             paths = {path for _, path in proxy.requests if "/upload/" not in path}  # GCS: body
             assert all(PROBE_PREFIX in p for p in paths), paths  # nothing outside its prefix
-        assert list(store.iter_fingerprints()) == []
-        assert list(store.probe_store().iter_fingerprints()) == []  # cleaned up
+        assert list(PlanStore(store).iter_fingerprints()) == []
+        assert list(PlanStore(store.probe_store()).iter_fingerprints()) == []  # cleaned up
 
 
 def test_a_store_that_ignores_preconditions_only_on_streams_lies(
@@ -173,7 +173,7 @@ def test_seaweedfs_passes_and_its_doctor_finds_nothing(tmp_path: Path) -> None:
         url = "s3://plancache-probe-test/plans"
         # a loaded machine slows SeaweedFS past the default 1 s reads
         options = {"endpoint_url": seaweed.endpoint, "read_timeout": 5, "timeout": 10}
-        store = open_store(url, **options)
+        store = open_layer(url, **options)
         assert isinstance(store, RemoteStore)
         for _ in range(2):  # 50 of 50 in ``python -m benchmarks.conformance``
             result = probe(store.probe_store(), timeout=30)
@@ -198,7 +198,7 @@ def _record(cache: PlanCache, kv: int = 4) -> Any:
 def _bare(server: tuple[str, str, dict[str, Any]]) -> RemoteStore:
     """The store itself, on the upstream server (no proxy)."""
     url, up, options = server
-    store = open_store(url, endpoint_url=up, **options)
+    store = open_layer(url, endpoint_url=up, **options)
     assert isinstance(store, RemoteStore)
     return store
 
@@ -216,7 +216,7 @@ def test_nothing_is_written_to_a_lying_store_after_its_verdict(
         cache = _cache(url, proxy.endpoint, options, tier, timeout=10)
         first = _record(cache)
         assert first.outcome is not None, first  # the local tier took it
-        assert list(_bare(server).iter_fingerprints()) == []
+        assert list(PlanStore(_bare(server)).iter_fingerprints()) == []
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and url in errors[0] and "create-existing" in errors[0]
         proxy.reset()
@@ -244,7 +244,7 @@ def test_an_honest_store_is_probed_once_and_written(
         assert cache.lookup(FACTORS, current_free_memory=50 * GiB).reason == "miss"
         assert _writes(proxy) == []  # a lookup never probes
         assert _record(cache).outcome is not None
-        assert len(list(_bare(server).iter_fingerprints())) == 1
+        assert len(list(PlanStore(_bare(server)).iter_fingerprints())) == 1
         proxy.reset()
         again = _cache(url, proxy.endpoint, options, tmp_path, timeout=10)
         assert _record(again, kv=5).outcome is not None
@@ -259,7 +259,7 @@ def test_trusting_writes_through_a_lying_store_with_a_warning(
         cache = _cache(url, proxy.endpoint, options, tmp_path, trust_preconditions=True, timeout=10)
         assert _record(cache).outcome is not None
         assert not any(PROBE_PREFIX in p for _, p in proxy.requests)  # no probe
-        assert len(list(_bare(server).iter_fingerprints())) == 1
+        assert len(list(PlanStore(_bare(server)).iter_fingerprints())) == 1
         assert any("PLANCACHE_TRUST_PRECONDITIONS" in r.getMessage() for r in caplog.records)
 
 
@@ -283,7 +283,7 @@ def test_a_store_that_sheds_load_for_a_moment_still_gets_its_verdict(
     with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path))
         assert guarded.verdict().verdict is StoreVerdict.HONEST
-        assert guarded.put(make_plan()) is PutOutcome.CREATED
+        assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
 
 
 class _Logged(logging.Handler):
@@ -321,7 +321,7 @@ def test_no_verdict_from_the_warm_up_probe_does_not_block_the_first_write(
             guarded.warm()
             assert found.wait(60), "no report of the warm-up probe"  # logged once it is kept
             assert len(proxy.requests) == failing  # the early probe's reads, nothing more
-            assert guarded.put(make_plan()) is PutOutcome.CREATED
+            assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
     finally:
         log.removeHandler(found)
 
@@ -336,10 +336,10 @@ def test_no_verdict_is_retried_at_a_later_write(
     with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < failing)) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path), retry_s=0.2)
         with pytest.raises(PlanStoreUnavailableError, match="no verdict"):
-            guarded.put(make_plan())
+            PlanStore(guarded).put(make_plan())
         assert list(tmp_path.iterdir()) == []
         time.sleep(0.3)
-        assert guarded.put(make_plan()) is PutOutcome.CREATED
+        assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
         assert guarded.verdict().verdict is StoreVerdict.HONEST
         assert len(list(tmp_path.iterdir())) == 1
 
@@ -355,7 +355,7 @@ def test_a_patient_write_waits_out_a_store_that_gives_no_verdict_for_a_while(
     with behind(proxy) as (store, _):
         guarded = GuardedStore(store, VerdictCache(tmp_path), patience=120.0)
         start = time.monotonic()
-        assert guarded.put(make_plan()) is PutOutcome.CREATED
+        assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
         assert guarded.verdict().verdict is StoreVerdict.HONEST
         assert len(proxy.requests) > failing  # the third probe ran, after two without
         assert 5.0 <= time.monotonic() - start < 60  # two backoffs: 5-10 s, then 10-20 s
@@ -395,9 +395,7 @@ def _shared(server: tuple[str, str, dict[str, Any]]) -> tuple[dict[str, Any], ob
 def _node(
     store: RemoteStore, tmp_path: Path, name: str, keys: Keyring | None = None
 ) -> GuardedStore:
-    if keys is not None:
-        store.use_keyring(keys)
-    return GuardedStore(store, VerdictCache(tmp_path / name))
+    return GuardedStore(store, VerdictCache(tmp_path / name), keyring=keys or Keyring())
 
 
 def test_the_first_probers_verdict_serves_the_other_nodes(
@@ -494,13 +492,13 @@ def test_a_shared_verdict_the_store_refuses_to_serve_is_probed_past_and_doctor_r
     key = f"plans/{PROBE_PREFIX}/{SHARED_VERDICT}"
     client = boto3.client("s3", endpoint_url=moto_s3.endpoint)
     client.put_object(Bucket=s3_bucket, Key=key, Body=b"{}", StorageClass="GLACIER")
-    store = open_store(url, endpoint_url=moto_s3.endpoint)
+    store = open_layer(url, endpoint_url=moto_s3.endpoint)
     assert isinstance(store, RemoteStore)
     with pytest.raises(PlanStoreError, match="HTTP 403"):
         store.probe_store().read_object(SHARED_VERDICT, 4096)
     node = _node(store, tmp_path, "node")
     assert node.verdict().verdict is StoreVerdict.HONEST
-    assert node.put(make_plan()) is PutOutcome.CREATED
+    assert PlanStore(node).put(make_plan()) is PutOutcome.CREATED
     assert client.head_object(Bucket=s3_bucket, Key=key)["StorageClass"] == "GLACIER"  # left
     env = child_env(VLLM_CACHE_ROOT=str(tmp_path / "doctor"))
     options = json.dumps({"endpoint_url": moto_s3.endpoint})

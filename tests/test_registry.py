@@ -40,6 +40,8 @@ from plancache import (
     open_store,
     register_backend,
 )
+from plancache._backends import open_layer
+from plancache._backends.layer import CheckedLayer
 from plancache._objects import WriteMode
 from plancache.caches import CacheShare, directory_cache
 from plancache.testing import FACTORS, GiB, StoreContract, make_plan, plan_object_name
@@ -202,7 +204,7 @@ class TestRegisteredThroughSettingsContract(TestRegisteredContract):
 @pytest.fixture
 def layer() -> Iterator[ObjectLayer]:
     """The object-layer tests' store (imported above), on the registered backend."""
-    store = open_store(_url())
+    store = open_layer(_url())
     yield store
     store.close()
 
@@ -210,7 +212,7 @@ def layer() -> Iterator[ObjectLayer]:
 def test_open_store_wraps_the_layer_and_closes_it_once() -> None:
     store = open_store(_url(), some_option=1)
     assert isinstance(store, PlanStore) and store.atomic
-    inner = store.layer  # type: ignore[attr-defined]
+    inner = _mem(store)
     assert isinstance(inner, MemLayer) and inner.options == {"some_option": 1}
     assert "memtest://" in repr(store) and "MemLayer" in repr(store)
     store.close()
@@ -314,7 +316,7 @@ def test_another_factory_for_a_taken_scheme_needs_clobber() -> None:
     register_backend("memtest-taken", MemLayer)  # the same again: nothing to do
     with pytest.raises(ConfigError, match=r"memtest-taken:// .*MemLayer.* clobber=True"):
         register_backend("memtest-taken", mem_factory)
-    assert type(open_store(_url("memtest-taken")).layer) is MemLayer  # type: ignore[attr-defined]
+    assert type(_mem(open_store(_url("memtest-taken")))) is MemLayer
     calls: list[str] = []
 
     def counting(url: str, **options: Any) -> ObjectLayer:
@@ -336,10 +338,10 @@ def test_a_built_in_scheme_is_replaced_only_with_clobber_and_restored() -> None:
     try:
         register_backend("s3", MemLayer, clobber=True)
         store = open_store("s3://regtest-bucket/plans")
-        assert isinstance(store.layer, MemLayer)  # type: ignore[attr-defined]
+        assert isinstance(_mem(store), MemLayer)
     finally:
         register_backend("s3", "plancache._backends.s3:S3Store", clobber=True)
-    restored = open_store("s3://regtest-bucket/plans", endpoint_url="http://127.0.0.1:9")
+    restored = open_layer("s3://regtest-bucket/plans", endpoint_url="http://127.0.0.1:9")
     try:
         assert isinstance(restored, S3Store)
     finally:
@@ -358,15 +360,20 @@ def test_a_registered_scheme_wins_over_fsspecs_protocol_of_that_name() -> None:
     import fsspec
 
     fsspec.register_implementation("memtest-fs", fsspec.get_filesystem_class("memory"))
-    assert not isinstance(open_store(f"memtest-fs://{uuid.uuid4().hex}"), plancache_layer())
+    assert not isinstance(open_layer(f"memtest-fs://{uuid.uuid4().hex}"), plancache_layer())
     register_backend("memtest-fs", MemLayer)
-    assert isinstance(open_store(f"memtest-fs://{uuid.uuid4().hex}"), plancache_layer())
+    assert isinstance(open_layer(f"memtest-fs://{uuid.uuid4().hex}"), plancache_layer())
 
 
-def plancache_layer() -> type[PlanStore]:
-    from plancache._backends.layer import LayerStore
+def plancache_layer() -> type[ObjectLayer]:
+    return CheckedLayer
 
-    return LayerStore
+
+def _mem(store: PlanStore) -> ObjectLayer:
+    """The third party's layer beneath ``store``'s checking layer."""
+    checked = store.layer
+    assert isinstance(checked, CheckedLayer), checked
+    return checked.layer
 
 
 def test_unknown_schemes_still_name_the_supported_ones() -> None:
@@ -432,9 +439,9 @@ def test_wrong_answers_are_store_errors_naming_the_layer() -> None:
     ):
         store.get(make_plan().fingerprint)
     with pytest.raises(PlanStoreError, match=r"_Liar.write_object gave NoneType, expected a bool"):
-        store.write_object("x", [b"1"])
+        store.layer.write_object("x", [b"1"])
     with pytest.raises(PlanStoreError, match=r"_Liar.list_objects gave bytes"):
-        list(store.list_objects("startup_plan_"))
+        list(store.layer.list_objects("startup_plan_"))
 
 
 def test_reads_are_cut_to_the_limit() -> None:
@@ -443,7 +450,7 @@ def test_reads_are_cut_to_the_limit() -> None:
             return b"x" * (limit + 100), 1
 
     register_backend("memtest-long", Long, clobber=True)
-    found = open_store("memtest-long://b/p").read_object("a", 10)
+    found = open_store("memtest-long://b/p").layer.read_object("a", 10)
     assert found == (b"x" * 10, 1)
 
 
@@ -461,7 +468,7 @@ def test_names_are_checked_before_the_layer_sees_them() -> None:
     store = open_store("memtest-names://b/p")
     for name in ("../x", "a/b", ""):
         with pytest.raises(ValueError, match="not an object name"):
-            store.write_object(name, [b"x"])
+            store.layer.write_object(name, [b"x"])
     assert seen == []
 
 
@@ -541,14 +548,16 @@ def test_entry_points_serve_their_schemes(
     for scheme in ("memtest-ep", "memtest-ep-fn"):
         url = _url(scheme)
         store = open_store(url)
-        assert isinstance(store.layer, MemLayer)  # type: ignore[attr-defined]
+        assert isinstance(_mem(store), MemLayer)
         assert store.put(make_plan()) is PutOutcome.CREATED
-        assert "entry point of regtest-backends 1.0" in store.origin  # type: ignore[attr-defined]
+        assert isinstance(store.layer, CheckedLayer)
+        assert "entry point of regtest-backends 1.0" in store.layer.origin
     mine = open_store(_url("memtest-ep-mine"))
-    assert "register_backend" in mine.origin  # type: ignore[attr-defined]
+    assert isinstance(mine.layer, CheckedLayer)
+    assert "register_backend" in mine.layer.origin
     with pytest.raises(UnsupportedStoreError, match=r"memtest-ep-broken:// .*entry point of "):
         open_store("memtest-ep-broken://b/p")
-    builtin = open_store("s3://regtest-bucket/p", endpoint_url="http://127.0.0.1:9")
+    builtin = open_layer("s3://regtest-bucket/p", endpoint_url="http://127.0.0.1:9")
     try:
         assert isinstance(builtin, S3Store)  # a built-in is never replaced by an entry point
     finally:
@@ -577,7 +586,8 @@ def test_entry_points_work_through_from_env_in_a_fresh_process(distribution: Pat
         "r = cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=70 * GiB)\n"
         "d = cache.lookup(FACTORS, current_free_memory=75 * GiB)\n"
         "print(r.reason.value, d.reason.value, d.kv_cache_memory_bytes == 10 * GiB)\n"
-        "print(type(cache.store.inner).__name__, type(cache.store.inner.layer).__name__)\n"
+        "checked = cache.store.layer.inner\n"
+        "print(type(checked).__name__, type(checked.layer).__name__)\n"
     )
     root = Path(__file__).resolve().parent.parent  # where ``tests`` imports from
     env = child_env([distribution, root])
@@ -590,4 +600,4 @@ def test_entry_points_work_through_from_env_in_a_fresh_process(distribution: Pat
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["created", "hit", "True", "LayerStore", "MemLayer"]
+    assert done.stdout.split() == ["created", "hit", "True", "CheckedLayer", "MemLayer"]

@@ -29,7 +29,7 @@ WRITES = {"PUT", "POST", "DELETE", "PATCH"}
 @pytest.fixture(params=["local", "s3", "gcs"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PlanStore]:
     if request.param == "local":
-        s: PlanStore = LocalStore(tmp_path / "store")
+        s: PlanStore = PlanStore(LocalStore(tmp_path / "store"))
     elif request.param == "s3":
         moto: MotoS3 = request.getfixturevalue("moto_s3")
         bucket = request.getfixturevalue("s3_bucket")
@@ -54,7 +54,7 @@ def test_retract_removes_only_that_observation_and_keeps_a_tombstone(
     assert [t.observation for t in after.retracted] == [bad.digest]
     assert store.get(FP) == after
     # a stale copy (a node's old local tier, a directory copied long ago) merges back in
-    stale = LocalStore(tmp_path / "stale")
+    stale = PlanStore(LocalStore(tmp_path / "stale"))
     stale.put(GOOD)
     stale.put(BAD)
     assert copy(stale, store).kept == 1
@@ -140,7 +140,7 @@ def test_a_retraction_that_changed_nothing_says_so(
 
 
 def test_prune_forgets_tombstones_of_observations_it_would_prune(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = PlanStore(LocalStore(tmp_path))
     old = make_plan(kv=30 * GiB, baseline=70 * GiB)
     store.put(old)
     store.retract(FP, old.observations[0], at=old.created_at + 1)
@@ -154,7 +154,7 @@ def test_tiered_store_retracts_remote_and_local_tier(
     s3_proxy: CountingProxy, s3_bucket: str, tmp_path: Path
 ) -> None:
     remote = open_store(f"s3://{s3_bucket}/p", endpoint_url=s3_proxy.endpoint)
-    local = LocalStore(tmp_path / "tier")
+    local = PlanStore(LocalStore(tmp_path / "tier"))
     tiered = TieredStore(remote, local=local)
     tiered.put(GOOD)
     tiered.put(BAD)
@@ -169,7 +169,7 @@ def test_read_only_retracts_the_local_tier_and_never_writes_the_remote(
     remote = open_store(f"s3://{s3_bucket}/p", endpoint_url=s3_proxy.endpoint)
     remote.put(GOOD)
     remote.put(BAD)
-    local = LocalStore(tmp_path / "tier")
+    local = PlanStore(LocalStore(tmp_path / "tier"))
     tiered = TieredStore(remote, local=local, read_only=True)
     assert tiered.get(FP) is not None  # backfills the local tier
     s3_proxy.reset()
@@ -188,7 +188,7 @@ def test_a_read_only_node_keeps_its_local_tombstone_when_it_reads_the_remote_aga
 ) -> None:
     remote = open_store(f"s3://{s3_bucket}/p", endpoint_url=s3_proxy.endpoint)
     remote.put(BAD)
-    local = LocalStore(tmp_path / "tier")
+    local = PlanStore(LocalStore(tmp_path / "tier"))
     tiered = TieredStore(remote, local=local, read_only=True)
     s3_proxy.reset()
     assert tiered.get(FP) == BAD

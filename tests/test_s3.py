@@ -8,7 +8,8 @@ import boto3
 import pytest
 import s3fs
 
-from plancache import open_store
+from plancache import PlanStore, open_store
+from plancache._backends import open_layer
 from plancache._backends.s3 import S3Store
 from plancache._keys import plan_object_name
 from plancache.errors import UnsupportedStoreError
@@ -67,14 +68,14 @@ class TestS3NoPrefixContract(StoreContract):
 
 
 @pytest.fixture
-def counted(s3_proxy: CountingProxy, s3_bucket: str) -> S3Store:
+def counted(s3_proxy: CountingProxy, s3_bucket: str) -> PlanStore:
     store = open_store(f"s3://{s3_bucket}/p", endpoint_url=s3_proxy.endpoint)
-    assert isinstance(store, S3Store)
+    assert isinstance(store.layer, S3Store)
     return store
 
 
 def test_raw_s3fs_cat_file_costs_two(
-    counted: S3Store, s3_proxy: CountingProxy, s3_bucket: str
+    counted: PlanStore, s3_proxy: CountingProxy, s3_bucket: str
 ) -> None:
     """The baseline the single-request read improves on."""
     plan = make_plan()
@@ -86,7 +87,7 @@ def test_raw_s3fs_cat_file_costs_two(
 
 
 def test_timeouts_are_storage_options(moto_s3: MotoS3, s3_bucket: str) -> None:
-    store = open_store(
+    store = open_layer(
         f"s3://{s3_bucket}",
         endpoint_url=moto_s3.endpoint,
         connect_timeout=7.0,
@@ -97,7 +98,7 @@ def test_timeouts_are_storage_options(moto_s3: MotoS3, s3_bucket: str) -> None:
     assert isinstance(store, S3Store)
     assert (store.timeouts.connect, store.timeouts.read, store.timeouts.retries) == (7.0, 9.0, 0)
     assert store.timeouts.total == 20.0
-    assert store.get(make_plan().fingerprint) is None
+    assert PlanStore(store).get(make_plan().fingerprint) is None
     with pytest.raises(ValueError):
         open_store(f"s3://{s3_bucket}", timeout=0)
 
@@ -108,8 +109,8 @@ def test_stores_share_botocore_data_and_keep_their_session_options(
     """Every store of a process parses botocore's service data once (about 100 ms of CPU
     per client otherwise); each store's session keeps its own options (``profile``)."""
     url = f"s3://{s3_bucket}"
-    first, second = (open_store(url, endpoint_url=moto_s3.endpoint) for _ in range(2))
-    named = open_store(url, endpoint_url=moto_s3.endpoint, profile="other")
+    first, second = (open_layer(url, endpoint_url=moto_s3.endpoint) for _ in range(2))
+    named = open_layer(url, endpoint_url=moto_s3.endpoint, profile="other")
     assert isinstance(first, S3Store) and isinstance(second, S3Store)
     assert isinstance(named, S3Store)
     sessions = [s.fs.session for s in (first, second, named)]
@@ -117,7 +118,10 @@ def test_stores_share_botocore_data_and_keep_their_session_options(
     loaders = {id(s.get_component("data_loader")) for s in sessions}
     assert len(loaders) == 1
     assert sessions[2].profile == "other" and sessions[0].profile is None
-    assert first.get(make_plan().fingerprint) is None and list(second.list_objects("")) == []
+    assert (
+        PlanStore(first).get(make_plan().fingerprint) is None
+        and list(second.list_objects("")) == []
+    )
 
 
 def test_url_drops_the_trailing_slash() -> None:

@@ -58,7 +58,7 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
 
     def open_node(keyring: Keyring) -> PlanStore:
         if request.param == "local":
-            store: PlanStore = LocalStore(tmp_path / "shared")
+            store: PlanStore = PlanStore(LocalStore(tmp_path / "shared"))
         else:
             moto: MotoS3 = request.getfixturevalue("moto_s3")
             bucket = request.getfixturevalue("s3_bucket")
@@ -236,7 +236,7 @@ def test_a_hash_starts_a_comment_in_key_files_only(tmp_path: Path) -> None:
     key_file.chmod(0o600)
     from_file = keyring_from_env({"PLANCACHE_VERIFY_KEYS_FILE": str(key_file)})
     assert from_file == Keyring(verify_keys=[NEW])
-    LocalStore(tmp_path / "plans").put(A)  # unsigned
+    PlanStore(LocalStore(tmp_path / "plans")).put(A)  # unsigned
     env = {"PLANCACHE_URL": str(tmp_path / "plans"), "PLANCACHE_SIGNING_KEY": hashed}
     cache = PlanCache.from_env(env | {"PLANCACHE_TIMEOUT": "30"})
     assert cache.lookup(FACTORS, FREE).reason is Reason.INVALID_SIGNATURE
@@ -447,17 +447,17 @@ def test_racing_signing_threads_converge_on_a_signed_frontier(
     """Also over a record of another schema no key signed: it is replaced by compare-and-swap,
     so the writers racing to replace it lose no observation."""
     if planted is not None:
-        assert LocalStore(tmp_path)._create(FP, planted)
+        assert PlanStore(LocalStore(tmp_path))._create(FP, planted)
     plans = [make_plan(kv=(10 + i) * GiB, baseline=(60 + 2 * i) * GiB) for i in range(8)]
     ring = signer(OLD)
 
     def put(plan: Plan) -> None:
-        store = LocalStore(tmp_path)
+        store = PlanStore(LocalStore(tmp_path))
         store.use_keyring(ring)
         store.put(plan)
 
     assert not race(put, plans)
-    reader = LocalStore(tmp_path)
+    reader = PlanStore(LocalStore(tmp_path))
     reader.use_keyring(Keyring(verify_keys=[OLD]))
     final = reader.get(FP)
     assert final is not None
@@ -500,7 +500,7 @@ def test_retract_prune_and_record_sign_what_they_write(tmp_path: Path) -> None:
     recorded = cache.record(FACTORS, kv_cache_memory_bytes=12 * GiB, free_memory_baseline=70 * GiB)
     assert recorded.reason is PutOutcome.CREATED
     cache.store.put(A)  # an old observation (created at 1000)
-    verify_only = LocalStore(tmp_path)
+    verify_only = PlanStore(LocalStore(tmp_path))
     verify_only.use_keyring(Keyring(verify_keys=[NEW]))
     stored = verify_only.get(FP)
     assert stored is not None and len(stored.observations) == 2
@@ -513,24 +513,26 @@ def test_retract_prune_and_record_sign_what_they_write(tmp_path: Path) -> None:
     pruned = verify_only.get(FP)
     assert pruned is not None and pruned.observations == () and pruned.signature is not None
     # a signing store does not rewrite a record it cannot vouch for
-    LocalStore(tmp_path).delete(FP)
-    LocalStore(tmp_path).put(A)
+    PlanStore(LocalStore(tmp_path)).delete(FP)
+    PlanStore(LocalStore(tmp_path)).put(A)
     with pytest.raises(InvalidSignatureError):
         cache.store.retract(FP, A.observations[0])
     result = prune(cache.store, older_than=1.0)
     assert (result.rejected, result.observations, result.plans) == (1, 0, [])
-    assert LocalStore(tmp_path).read_raw(FP) == A.encode()
+    assert PlanStore(LocalStore(tmp_path)).read_raw(FP) == A.encode()
 
 
 def test_copy_keeps_signatures_and_skips_what_the_keys_reject(tmp_path: Path) -> None:
-    src = LocalStore(tmp_path / "src")
+    src = PlanStore(LocalStore(tmp_path / "src"))
     src.use_keyring(signer(OLD))
     src.put(A)
-    LocalStore(tmp_path / "src").put(make_plan(factors={"model": "unsigned"}))
-    plain_dst = LocalStore(tmp_path / "plain")
-    assert copy(LocalStore(tmp_path / "src"), plain_dst).created == 2  # no keys: all, as is
+    PlanStore(LocalStore(tmp_path / "src")).put(make_plan(factors={"model": "unsigned"}))
+    plain_dst = PlanStore(LocalStore(tmp_path / "plain"))
+    assert (
+        copy(PlanStore(LocalStore(tmp_path / "src")), plain_dst).created == 2
+    )  # no keys: all, as is
     assert plain_dst.read_raw(FP) == src.read_raw(FP)  # the signature travels
-    keyed_dst = LocalStore(tmp_path / "keyed")
+    keyed_dst = PlanStore(LocalStore(tmp_path / "keyed"))
     keyed_dst.use_keyring(signer(NEW, OLD))
     counts = copy(src, keyed_dst)
     assert (counts.created, counts.rejected) == (1, 1)  # the unsigned one is never signed

@@ -12,17 +12,18 @@ import pytest
 
 from plancache import PlanStoreConflictError
 from plancache._backends.local import LocalStore
+from plancache._store import PlanStore
 from plancache.testing import GiB, make_plan
 
 
-class Outpaced(LocalStore):
-    """A local store where another writer (a second store object on the same directory)
+class Outpaced(PlanStore):
+    """Plans in a local directory where another writer (a second store object on the same directory)
     lands a better plan between each read of this one and its replace; it records when each
     of its rounds began and ended, and counts its creates."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.rival = LocalStore(root)
+        super().__init__(LocalStore(root))
+        self.rival = PlanStore(LocalStore(root))
         self.kv = itertools.count(20 * GiB, 1 << 20)
         self.rounds: list[tuple[float, float]] = []
         self.creates = 0

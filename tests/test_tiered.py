@@ -26,6 +26,7 @@ from plancache.testing import FACTORS, GiB, StoreContract, make_plan
 from plancache.testing.contract import StoreFactory, WriteRaw
 from plancache.testing.hostile import FaultyProxy, writes
 from plancache.testing.servers import CountingProxy, MotoS3
+from tests.helpers import local_layer
 
 
 class TestTieredS3Contract(StoreContract):
@@ -66,8 +67,8 @@ def test_remote_hit_backfills_and_local_hit_costs_nothing(
 ) -> None:
     plan = make_plan()
     remote.put(plan)
-    tier = LocalStore(tmp_path / "tier")
-    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
+    store = _settings(remote, s3_proxy, local_tier=str(local_layer(tier).root)).open_store()
     s3_proxy.reset()
     assert store.get(plan.fingerprint) == plan
     assert len(s3_proxy.requests) == 1
@@ -80,8 +81,8 @@ def test_remote_hit_backfills_and_local_hit_costs_nothing(
 def test_a_write_reaches_both_tiers(
     remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    tier = LocalStore(tmp_path / "tier")
-    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
+    store = _settings(remote, s3_proxy, local_tier=str(local_layer(tier).root)).open_store()
     plan = make_plan()
     assert store.put(plan) is PutOutcome.CREATED
     assert remote.get(plan.fingerprint) == plan == tier.get(plan.fingerprint)
@@ -92,8 +93,8 @@ def test_read_only_never_writes_the_remote(
 ) -> None:
     stored = make_plan()
     remote.put(stored)
-    tier = LocalStore(tmp_path / "tier")
-    settings = _settings(remote, s3_proxy, local_tier=str(tier.root), read_only=True)
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
+    settings = _settings(remote, s3_proxy, local_tier=str(local_layer(tier).root), read_only=True)
     store = settings.open_store()
     s3_proxy.reset()
     assert store.get(stored.fingerprint) == stored  # reads the remote, backfills local
@@ -120,8 +121,8 @@ def test_read_only_without_tier_refuses_writes(
         lambda: store.rewrite(fp, lambda p: None),
         lambda: store.delete_if(fp, bool),
         lambda: store.delete(fp),
-        lambda: store.write_object("x", [b"x"]),
-        lambda: store.delete_object("x"),
+        lambda: store.layer.write_object("x", [b"x"]),
+        lambda: store.layer.delete_object("x"),
     ):
         with pytest.raises(PlanStoreReadOnlyError, match="read-only"):
             write()
@@ -139,7 +140,7 @@ def test_broken_local_tier_never_fails_a_remote_hit(
     remote.put(plan)
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    store = TieredStore(remote, local=LocalStore(blocker / "tier"))
+    store = TieredStore(remote, local=PlanStore(LocalStore(blocker / "tier")))
     caplog.set_level(logging.WARNING, logger="plancache")
     assert store.get(plan.fingerprint) == plan
     assert any("local tier" in r.getMessage() for r in caplog.records)
@@ -148,7 +149,7 @@ def test_broken_local_tier_never_fails_a_remote_hit(
 def test_invalid_local_record_falls_back_to_the_remote(remote: PlanStore, tmp_path: Path) -> None:
     plan = make_plan()
     remote.put(plan)
-    tier = LocalStore(tmp_path / "tier")
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
     tier._create(plan.fingerprint, b"{")
     store = TieredStore(remote, local=tier)
     assert store.get(plan.fingerprint) == plan
@@ -172,14 +173,14 @@ def test_a_fleet_shares_plans_through_the_environment(
     second = PlanCache.from_env(env("b"))
     decision = second.lookup(FACTORS, current_free_memory=72 * GiB)
     assert decision.reason == "hit" and decision.kv_cache_memory_bytes == 10 * GiB
-    assert LocalStore(tmp_path / "b").get(decision.fingerprint or "") is not None
+    assert PlanStore(LocalStore(tmp_path / "b")).get(decision.fingerprint or "") is not None
 
 
 def test_a_plan_the_gate_rejects_locally_is_looked_up_in_the_remote(
     remote: PlanStore, s3_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    tier = LocalStore(tmp_path / "tier")
-    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
+    store = _settings(remote, s3_proxy, local_tier=str(local_layer(tier).root)).open_store()
     cache = PlanCache(store, timeout=30.0)
     cache.record(FACTORS, kv_cache_memory_bytes=10 * GiB, free_memory_baseline=80 * GiB)
     better = make_plan(10 * GiB, 70 * GiB)  # recorded by a node with less free memory
@@ -199,8 +200,8 @@ def test_the_local_tier_learns_the_plan_the_remote_kept(
 ) -> None:
     stored = make_plan(20 * GiB, 60 * GiB)
     remote.put(stored)
-    tier = LocalStore(tmp_path / "tier")
-    store = _settings(remote, s3_proxy, local_tier=str(tier.root)).open_store()
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
+    store = _settings(remote, s3_proxy, local_tier=str(local_layer(tier).root)).open_store()
     assert store.put(make_plan(10 * GiB, 70 * GiB)) is PutOutcome.KEPT
     assert tier.get(stored.fingerprint) == stored
 
@@ -209,10 +210,10 @@ def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> Non
     from plancache.testing.servers import closed_port
 
     endpoint = f"http://127.0.0.1:{closed_port()}"
-    tier = LocalStore(tmp_path / "tier")
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
     settings = Settings(
         "s3://bucket/p",
-        local_tier=str(tier.root),
+        local_tier=str(local_layer(tier).root),
         storage_options={"endpoint_url": endpoint},
         write_patience=0.0,  # the write gives up at its first probe without a verdict
     )
@@ -229,6 +230,7 @@ def test_a_failed_remote_write_still_fills_the_local_tier(tmp_path: Path) -> Non
 ROOT = Path(__file__).resolve().parents[1]
 FORKED = """
 import os, sys
+from plancache import PlanStore
 from plancache._config import Settings
 from plancache._backends.local import LocalStore
 from plancache.errors import PlanStoreError
@@ -248,7 +250,7 @@ if pid == 0:
     except BaseException as exc:
         print("other:", type(exc).__name__, exc, flush=True)
         code = 3
-    plan = LocalStore(tier).get(make_plan().fingerprint)
+    plan = PlanStore(LocalStore(tier)).get(make_plan().fingerprint)
     print("local-kv:", None if plan is None else plan.max_kv_cache_memory_bytes, flush=True)
     os._exit(code)
 _, status = os.waitpid(pid, 0)
@@ -283,7 +285,7 @@ def test_the_local_tier_has_the_plan_before_a_slow_remote_answers(
 ) -> None:
     """A node keeps what it measured at once, however long the remote write takes (a
     record bounded by its budget goes on in the background; the next boot may come first)."""
-    tier = LocalStore(tmp_path / "tier")
+    tier = PlanStore(LocalStore(tmp_path / "tier"))
     plan = make_plan()
     with CountingProxy(moto_s3.endpoint, delay_s=2.0) as slow:
         remote = open_store(f"s3://{s3_bucket}/p", endpoint_url=slow.endpoint, read_timeout=10)
@@ -314,15 +316,15 @@ def test_a_plan_the_remote_missed_is_offered_again_by_a_later_boot(
     plan = make_plan()
     with FaultyProxy(moto_s3.endpoint, 400, writes) as broken, pytest.raises(PlanStoreError):
         settings(broken.endpoint).open_store().put(plan)
-    local = LocalStore(tier)
+    local = PlanStore(LocalStore(tier))
     assert local.get(plan.fingerprint) == plan
-    assert list(local.list_objects(UNSHARED_PREFIX)) == [UNSHARED_PREFIX + plan.fingerprint]
+    assert list(local.layer.list_objects(UNSHARED_PREFIX)) == [UNSHARED_PREFIX + plan.fingerprint]
     with CountingProxy(moto_s3.endpoint) as healthy:
         later = settings(healthy.endpoint).open_store()
         assert isinstance(later, TieredStore)
         assert later.offer_unshared() == 1
         assert open_store(url, endpoint_url=moto_s3.endpoint).get(plan.fingerprint) == plan
-        assert list(local.list_objects(UNSHARED_PREFIX)) == []
+        assert list(local.layer.list_objects(UNSHARED_PREFIX)) == []
         healthy.reset()
         assert later.offer_unshared() == 0 and later.get(plan.fingerprint) == plan
         assert healthy.requests == []  # nothing marked, a local hit: no request
@@ -338,31 +340,36 @@ def test_a_mark_that_cannot_be_shared_holds_back_no_other(
         (make_plan(factors={**FACTORS, "model": f"m{i}"}) for i in range(4)),
         key=lambda p: p.fingerprint,
     )
-    before, signing = LocalStore(tmp_path / "tier"), LocalStore(tmp_path / "tier")
+    before, signing = (
+        PlanStore(LocalStore(tmp_path / "tier")),
+        PlanStore(LocalStore(tmp_path / "tier")),
+    )
     signing.use_keyring(Keyring(key))
     for i, plan in enumerate(plans):
         (before if i == 0 else signing).put(plan)
-        signing.write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
-    remote = LocalStore(tmp_path / "remote")
-    store = TieredStore(remote, local=LocalStore(tmp_path / "tier"))
+        signing.layer.write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
+    remote = PlanStore(LocalStore(tmp_path / "remote"))
+    store = TieredStore(remote, local=PlanStore(LocalStore(tmp_path / "tier")))
     store.use_keyring(Keyring(key))
     with caplog.at_level(logging.INFO, logger="plancache"):
         assert store.offer_unshared() == 3
     assert [remote.get(p.fingerprint) is not None for p in plans] == [False, True, True, True]
-    marks = list(LocalStore(tmp_path / "tier").list_objects(UNSHARED_PREFIX))
+    marks = list(PlanStore(LocalStore(tmp_path / "tier")).layer.list_objects(UNSHARED_PREFIX))
     assert marks == [UNSHARED_PREFIX + plans[0].fingerprint]
     assert f"the plan {plans[0].fingerprint[:12]} this node kept is not shared" in caplog.text
     # a remote that does not answer ends the round at its first offer and keeps every mark
     silent = open_store("s3://bucket/p", endpoint_url="http://127.0.0.1:9", key="k", secret="s")
-    store = TieredStore(silent, local=LocalStore(tmp_path / "tier"))
+    store = TieredStore(silent, local=PlanStore(LocalStore(tmp_path / "tier")))
     store.use_keyring(Keyring(key))
-    signing.write_object(UNSHARED_PREFIX + plans[1].fingerprint, [b""])
+    signing.layer.write_object(UNSHARED_PREFIX + plans[1].fingerprint, [b""])
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="plancache"):
         assert store.offer_unshared() == 0
     assert "plans not shared yet stay marked: PlanStoreUnavailableError" in caplog.text
     assert plans[1].fingerprint[:12] not in caplog.text  # not tried as one mark's failure
-    assert len(list(LocalStore(tmp_path / "tier").list_objects(UNSHARED_PREFIX))) == 2
+    assert (
+        len(list(PlanStore(LocalStore(tmp_path / "tier")).layer.list_objects(UNSHARED_PREFIX))) == 2
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another uid")
@@ -378,16 +385,16 @@ def test_a_mark_and_record_a_neighbour_planted_are_never_offered(
     mine = make_plan(factors={**FACTORS, "model": "mine"})
     planted = make_plan(kv=70 * GiB, baseline=75 * GiB, factors={**FACTORS, "model": "theirs"})
     for plan in (mine, planted):
-        LocalStore(tier).put(plan)
-        LocalStore(tier).write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
+        PlanStore(LocalStore(tier)).put(plan)
+        PlanStore(LocalStore(tier)).layer.write_object(UNSHARED_PREFIX + plan.fingerprint, [b""])
     for name in (plan_object_name(planted.fingerprint), UNSHARED_PREFIX + planted.fingerprint):
         os.chown(tier / name, 65534, -1)
-    remote = LocalStore(tmp_path / "remote")
+    remote = PlanStore(LocalStore(tmp_path / "remote"))
     with caplog.at_level(logging.WARNING, logger="plancache"):
-        assert TieredStore(remote, local=LocalStore(tier)).offer_unshared() == 1
+        assert TieredStore(remote, local=PlanStore(LocalStore(tier))).offer_unshared() == 1
     assert remote.get(mine.fingerprint) == mine and remote.get(planted.fingerprint) is None
     assert f"the plan {planted.fingerprint[:12]} this node kept is not shared" in caplog.text
     assert "owned by uid 65534" in caplog.text
-    assert list(LocalStore(tier).list_objects(UNSHARED_PREFIX)) == [
+    assert list(PlanStore(LocalStore(tier)).layer.list_objects(UNSHARED_PREFIX)) == [
         UNSHARED_PREFIX + planted.fingerprint
     ]

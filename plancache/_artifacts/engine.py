@@ -29,7 +29,8 @@ is not read; a failure is classified by its type into a reason (``Refused``: ``u
 or ``invalid``; ``TooSlow``: ``slow``; past the deadline: ``timeout``; another
 ``ArtifactError``: ``invalid``; anything else: ``store-error``), and a slow or timed-out
 fetch reads nothing more. Nothing here knows a backend: the stores are asked through their
-generic hooks (``PlanStore.local_tier``, ``remove_stale_temp_files``).
+generic hooks (``ObjectLayer.remove_stale_temp_files``, ...) and the plans store's
+``local_tier``.
 """
 
 from __future__ import annotations
@@ -182,18 +183,18 @@ def count(kind: str, reason: str, seconds: float, manifest: Manifest | None = No
 
 class Engine(Trust):
     """The kinds' common ground on the configured stores (see the module docstring), under
-    the one trust rule (``Trust``: ``refusal``, ``may_download``): ``store`` is the stack
-    ``Settings.open_store`` builds (its object layer is the store ``PLANCACHE_URL`` names,
-    behind the conformance guard and read-only mode), ``local`` its local tier. Each kind is
-    a subclass that adds its operations."""
+    the one trust rule (``Trust``: ``refusal``, ``may_download``): ``store`` is the object
+    layer of the stack ``Settings.open_store`` builds (``opened``: the store
+    ``PLANCACHE_URL`` names, behind the conformance guard and read-only mode), ``local`` its
+    local tier's layer. Each kind is a subclass that adds its operations."""
 
     def __init__(
         self, settings: Settings, compile: CompileSettings, store: PlanStore | None = None
     ) -> None:
         self.settings, self.compile = settings, compile
-        opened = settings.open_store() if store is None else store
-        super().__init__(settings.keyring, compile.trust_unsigned, opened)
-        self.local: PlanStore | None = self.store.local_tier
+        self.opened = settings.open_store() if store is None else store
+        super().__init__(settings.keyring, compile.trust_unsigned, self.opened.layer)
+        self.local: ObjectLayer | None = self.opened.local_tier
         self.remote = is_remote(settings.url)
 
     def sources(self) -> list[Source]:
@@ -365,7 +366,7 @@ class Engine(Trust):
                 layer.remove_stale_temp_files(name=name)
 
     def close(self) -> None:
-        self.store.close()
+        self.opened.close()
 
 
 class Uploads:

@@ -18,7 +18,7 @@ Guarantees:
 - ``copy_refusal``: a copy never makes code more trusted than it was.
 
 Nothing here knows a backend: what a store is known to be is asked of the store
-(``PlanStore.known_to_ignore_preconditions``).
+(``ObjectLayer.known_to_ignore_preconditions``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from plancache._objects import ObjectLayer
 from plancache._plan import Signature
 from plancache._signing import Keyring, SignatureVerdict
-from plancache._store import PlanStore
 from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
@@ -111,7 +111,7 @@ def copy_refusal(head: Signed, keyring: Keyring) -> str | None:
     return f"{why} (copying unsigned code needs --trust-unsigned, or keys)"
 
 
-def lies(store: PlanStore) -> bool:
+def lies(store: ObjectLayer) -> bool:
     """True if ``store`` is already known to ignore write preconditions (no probe is run:
     a fetch's path never probes)."""
     try:
@@ -144,7 +144,7 @@ class Trust:
     """The rule (see the module docstring) under ``keyring``, trusting unsigned objects
     from a remote ``store`` if ``trust_unsigned``."""
 
-    def __init__(self, keyring: Keyring, trust_unsigned: bool, store: PlanStore) -> None:
+    def __init__(self, keyring: Keyring, trust_unsigned: bool, store: ObjectLayer) -> None:
         self.keyring, self.trust_unsigned, self.store = keyring, trust_unsigned, store
 
     def may_download(self, local: bool) -> bool:

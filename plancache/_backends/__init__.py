@@ -8,8 +8,8 @@ A scheme is served by, in this order: a backend registered in this process
 the ``plancache.backends`` entry-point group (name: the scheme; value: ``"module:attr"``),
 read on the first URL of a scheme neither of those serves (again whenever ``sys.path``
 changed since), and last any other protocol fsspec knows (``GENERIC``). A registered factory
-returns an ``ObjectLayer``; one that is not a ``PlanStore`` is wrapped in a ``LayerStore``
-(``plancache._backends.layer``), so that every kind works on it.
+returns an ``ObjectLayer``, wrapped in a ``CheckedLayer`` (``plancache._backends.layer``);
+every kind, plans included, is built on the layer (``open_layer``) by composition.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ def register_backend(scheme: str, factory: str | Factory, *, clobber: bool = Fal
     ``factory``: a callable ``factory(url, **storage_options) -> ObjectLayer`` (a class
     deriving from ``plancache.ObjectLayer``, or a function returning one), or its
     ``"module:attr"`` path, imported on first use (so registering costs no import). What it
-    returns is wrapped in a store that runs every kind on its primitives (``LayerStore``),
-    unless it is a ``PlanStore`` already.
+    returns is wrapped in a layer that checks its answers (``CheckedLayer``), and every
+    kind is built on it.
 
     Like fsspec's ``register_implementation``: registering the same factory again does
     nothing; another factory for a scheme already served (registered, or built-in: ``s3``,
@@ -283,14 +283,21 @@ def _load(backend: Backend) -> Factory:
 
 
 def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
-    """Open the store a URL names: a local path or ``file://`` URL, ``s3://bucket/prefix``,
-    ``gs://bucket/prefix``, a scheme registered with ``register_backend`` or the
-    ``plancache.backends`` entry points, or another fsspec URL. None means the local default
-    directory.
+    """The plans kind (``PlanStore``) on the object layer a URL names (``open_layer``).
 
     This is the bare backend: it honours none of the ``PLANCACHE_*`` settings (no local tier,
     no signing keys, no read-only mode). ``PlanCache.from_env()`` and
-    ``plancache._config.Settings.from_env().open_store()`` honour all of them.
+    ``plancache._config.Settings.from_env().open_store()`` honour all of them. Raises what
+    ``open_layer`` raises.
+    """
+    return PlanStore(open_layer(url, **storage_options))
+
+
+def open_layer(url: str | None = None, **storage_options: Any) -> ObjectLayer:
+    """Open the object layer a URL names: a local path or ``file://`` URL,
+    ``s3://bucket/prefix``, ``gs://bucket/prefix``, a scheme registered with
+    ``register_backend`` or the ``plancache.backends`` entry points (wrapped in a
+    ``CheckedLayer``), or another fsspec URL. None means the local default directory.
 
     Raises ``UnsupportedStoreError`` (a ``ValueError``) for an unknown scheme or a missing
     extra or package, naming the supported schemes or the ``pip install`` that fixes it, and
@@ -323,16 +330,16 @@ def open_store(url: str | None = None, **storage_options: Any) -> PlanStore:
     except Exception as exc:  # whatever the client raised, it carries no secret out
         scrub_exception(exc, secrets)
         raise
-    if isinstance(made, PlanStore):
-        return made
     if not isinstance(made, ObjectLayer):
         raise UnsupportedStoreError(
             f"{backend.describe()} returned a {type(made).__qualname__}, not a "
             "plancache.ObjectLayer"
         )
-    from plancache._backends.layer import LayerStore
+    if backend.origin == "built-in":
+        return made
+    from plancache._backends.layer import CheckedLayer
 
-    return LayerStore(made, backend.describe(), secrets)
+    return CheckedLayer(made, backend.describe(), secrets)
 
 
 def _missing_package(scheme: str, exc: ImportError) -> MissingExtraError:

@@ -39,9 +39,8 @@ from fsspec.exceptions import FSTimeoutError
 from plancache import _background as background
 from plancache import _metrics as metrics
 from plancache._defaults import MAX_SECONDS
-from plancache._objects import check_name
+from plancache._objects import ObjectLayer, check_name
 from plancache._redaction import MIN_SECRET_LENGTH, redact, scrub_exception, secret_values
-from plancache._store import PlanStore
 from plancache.errors import (
     ConfigError,
     PlancacheError,
@@ -213,7 +212,7 @@ def use_daemon_threads(loop: asyncio.AbstractEventLoop) -> None:
         loop.call_soon_threadsafe(loop.set_default_executor, DaemonThreads())
 
 
-class RemoteStore(PlanStore):
+class RemoteStore(ObjectLayer):
     """A bucket and prefix on an object store whose client runs on fsspec's event loop."""
 
     #: Objects per listing request (the services' maximum is 1000).

@@ -29,9 +29,9 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from plancache._objects import CREATE, Opened, Update, WriteMode, check_name
+from plancache._objects import CREATE, ObjectLayer, Opened, Update, WriteMode, check_name
 from plancache._redaction import redact, scrub, scrub_exception, secret_values
-from plancache._store import PlanStore, content_version
+from plancache._store import content_version
 from plancache.errors import (
     PlanStoreError,
     PlanStoreNotFoundError,
@@ -51,7 +51,7 @@ class _Read:
     limit: int
 
 
-class FsspecStore(PlanStore):
+class FsspecStore(ObjectLayer):
     """A directory on an fsspec filesystem; atomic only where the filesystem is in-process."""
 
     def __init__(self, url: str, **storage_options: Any) -> None:

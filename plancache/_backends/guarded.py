@@ -51,14 +51,14 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from plancache import _background as background
-from plancache._backends import open_store
+from plancache._backends import open_layer
 from plancache._backends._remote import RemoteStore
 from plancache._backends.verdicts import (
     CLOCK_SKEW_S,
@@ -75,12 +75,11 @@ from plancache._backends.verdicts import (
     share,
 )
 from plancache._background import Job
-from plancache._forwarding import ForwardingStore
-from plancache._objects import CREATE, WriteMode
-from plancache._plan import Plan
+from plancache._forwarding import ForwardingLayer
+from plancache._objects import CREATE, ObjectLayer, WriteMode
 from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
 from plancache._redaction import scrub
-from plancache._store import PlanStore, Put
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError, PlanStoreUnavailableError
 from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreconditionsError
 
@@ -105,10 +104,11 @@ TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
 """The setting that writes without (or despite) the probe."""
 
 
-class GuardedStore(ForwardingStore):
+class GuardedStore(ForwardingLayer):
     """``store`` written only once the conformance probe found it honest (see the module):
-    reads and listings go to it (``ForwardingStore``), each write asks ``check_writable``
-    first."""
+    reads and listings go to it (``ForwardingLayer``), each write or delete asks
+    ``check_writable`` first; ``keyring`` signs the verdict it shares and judges the one it
+    reads."""
 
     def __init__(
         self,
@@ -120,8 +120,10 @@ class GuardedStore(ForwardingStore):
         retry_s: float = RETRY_S,
         probe_on_warm: bool = True,
         patience: float = 0.0,
+        keyring: Keyring = NO_KEYS,
     ) -> None:
         self.store = store
+        self.keyring = keyring
         self.verdicts = verdicts
         self.trust = trust
         self.probe_on_warm = probe_on_warm
@@ -147,25 +149,10 @@ class GuardedStore(ForwardingStore):
             )
 
     @property
-    def inner(self) -> PlanStore:
+    def inner(self) -> ObjectLayer:
         return self.store
 
     # -- reads go through; writes wait for the verdict ---------------------------------------
-    def put_merged(self, plan: Plan) -> Put:
-        self.check_writable()
-        return super().put_merged(plan)
-
-    def rewrite(self, fp: str, change: Callable[[Plan], Plan | None]) -> Plan | None:
-        self.check_writable()
-        return super().rewrite(fp, change)
-
-    def delete_if(self, fp: str, doomed: Callable[[bytes], bool]) -> bool:
-        self.check_writable()
-        return super().delete_if(fp, doomed)
-
-    def delete(self, fp: str) -> bool:
-        self.check_writable()
-        return super().delete(fp)
 
     def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
         self.check_writable()
@@ -322,7 +309,7 @@ class GuardedStore(ForwardingStore):
         if result.verdict in KEPT:
             if self.verdicts is not None:
                 self.verdicts.save(ident, self.url, result)
-            share(self.store, result, self._stored)
+            share(self.store, self.keyring, result, self._stored)
             return result, VERDICT_TTL_S
         return result, self.retry_s
 
@@ -335,7 +322,7 @@ class GuardedStore(ForwardingStore):
         if found is None:
             return None
         try:
-            self.store.keyring.check_foreign(found[0])
+            self.keyring.check_foreign(found[0])
             record = orjson.loads(found[0])
             result = ProbeResult(StoreVerdict(record["verdict"]), record["step"], detail(record))
             at, mine = float(record["at"]), record["endpoint"] == endpoint_id(ident)
@@ -380,14 +367,18 @@ def open_guarded(
     trust: bool = False,
     writable: bool = True,
     patience: float | None = None,
-) -> PlanStore:
-    """``open_store(url, **storage_options)``, an object store behind a ``GuardedStore``
+    keyring: Keyring = NO_KEYS,
+) -> ObjectLayer:
+    """``open_layer(url, **storage_options)``, an object store behind a ``GuardedStore``
     whose verdicts are cached under ``local_dir`` (None: in memory only), which probes when
     warmed where ``writable`` and whose writes wait up to ``patience`` seconds (None:
-    ``WRITE_PATIENCE_S``) for a verdict; other stores as they are."""
-    store = open_store(url, **storage_options)
+    ``WRITE_PATIENCE_S``) for a verdict and whose shared verdicts ``keyring`` signs and
+    judges; other stores as they are."""
+    store = open_layer(url, **storage_options)
     if not isinstance(store, RemoteStore):
         return store
     verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
     wait = WRITE_PATIENCE_S if patience is None else patience
-    return GuardedStore(store, verdicts, trust=trust, probe_on_warm=writable, patience=wait)
+    return GuardedStore(
+        store, verdicts, trust=trust, probe_on_warm=writable, patience=wait, keyring=keyring
+    )

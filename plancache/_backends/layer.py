@@ -1,10 +1,9 @@
-"""A third party's object layer as a store: ``LayerStore`` (composition, not inheritance).
+"""A third party's object layer, checked: ``CheckedLayer``.
 
 A backend registered with ``plancache.register_backend`` (or the ``plancache.backends``
-entry-point group) implements ``ObjectLayer`` only. ``open_store`` wraps what its factory
-returns in a ``LayerStore``, a ``PlanStore`` that runs the plans kind's compare-and-swap loop
-on the layer's primitives and hands every other kind (compile artifacts, model info, cache
-bundles) the same primitives, so that every kind works on it as on a built-in backend.
+entry-point group) implements ``ObjectLayer`` only, as every built-in backend does.
+``open_layer`` wraps what its factory returns in a ``CheckedLayer``, on which every kind
+(plans, compile artifacts, model info, cache bundles) is built as on a built-in backend.
 
 Guarantees the wrapper adds to whatever the layer does:
 
@@ -22,7 +21,9 @@ Guarantees the wrapper adds to whatever the layer does:
 
 What it cannot add: atomicity (the layer's ``write_object`` must honour ``CREATE`` and
 ``Update``; ``atomic`` is the layer's own attribute where it has one, else True) and time
-bounds on each call (the layer bounds its own; ``PlanCache``'s budget bounds a lookup).
+bounds on each call (the layer bounds its own; ``PlanCache``'s budget bounds a lookup). The
+generic hooks (``known_to_ignore_preconditions``, ``remove_stale_temp_files``, ``own``,
+``warm``) are the layer's own where it defines them, else ``ObjectLayer``'s defaults.
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
-from plancache._objects import CREATE, ObjectLayer, Opened, WriteMode, check_name
+from plancache._objects import (
+    CREATE,
+    STALE_TEMP_SECONDS,
+    ObjectLayer,
+    Opened,
+    WriteMode,
+    check_name,
+)
 from plancache._redaction import scrub, scrub_exception
-from plancache._store import PlanStore
 from plancache.errors import (
     PlancacheError,
     PlanStoreError,
@@ -43,8 +50,8 @@ from plancache.errors import (
 )
 
 
-class LayerStore(PlanStore):
-    """Every kind on ``layer``, a third party's ``ObjectLayer`` (see the module); ``origin``
+class CheckedLayer(ObjectLayer):
+    """``layer``, a third party's ``ObjectLayer``, checked (see the module); ``origin``
     names the backend in messages (``"memtest:// (mypkg.store:MemLayer)"``); ``secrets`` are
     masked in every message this store raises."""
 
@@ -67,7 +74,7 @@ class LayerStore(PlanStore):
         return scrub(url, self.secrets)
 
     def __repr__(self) -> str:
-        return f"LayerStore({self.url!r}, {type(self.layer).__qualname__})"
+        return f"CheckedLayer({self.url!r}, {type(self.layer).__qualname__})"
 
     # -- the object layer, checked ------------------------------------------------------------
     def read_object(self, name: str, limit: int) -> tuple[bytes, object] | None:
@@ -121,6 +128,33 @@ class LayerStore(PlanStore):
                 self._wrong("list_objects", name, "names (str)")
             if name.startswith(prefix):
                 yield name
+
+    # -- the generic hooks: the layer's own, where it has them ---------------------------------
+    def check_writable(self) -> None:
+        with self._translated("check", ""):
+            self.layer.check_writable()
+
+    def known_to_ignore_preconditions(self) -> bool:
+        with self._translated("check", ""):
+            return self.layer.known_to_ignore_preconditions() is True
+
+    def remove_stale_temp_files(
+        self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
+    ) -> int:
+        with self._translated("clean", name):
+            removed = self.layer.remove_stale_temp_files(older_than, dry_run=dry_run, name=name)
+        if not isinstance(removed, int):
+            self._wrong("remove_stale_temp_files", removed, "an int")
+        return removed
+
+    def own(self) -> ObjectLayer:
+        with self._translated("own", ""):
+            mine = self.layer.own()
+        return self if mine is self.layer else CheckedLayer(mine, self.origin, self.secrets)
+
+    def warm(self) -> None:
+        with self._translated("warm", ""):
+            self.layer.warm()
 
     def close(self) -> None:
         with self._close_lock:

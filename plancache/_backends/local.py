@@ -1,4 +1,4 @@
-"""Atomic plan store on a local (or shared) filesystem.
+"""A local (or shared) directory as an object layer, atomic.
 
 Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
 the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
@@ -40,8 +40,16 @@ from pathlib import Path
 
 from plancache._defaults import default_dir
 from plancache._neighbours import NO_FOLLOW, foreign, kind
-from plancache._objects import CREATE, Opened, Update, WriteMode, check_name
-from plancache._store import READ_LIMIT, STALE_TEMP_SECONDS, PlanStore
+from plancache._objects import (
+    CREATE,
+    STALE_TEMP_SECONDS,
+    ObjectLayer,
+    Opened,
+    Update,
+    WriteMode,
+    check_name,
+)
+from plancache._store import READ_LIMIT
 from plancache.errors import (
     InvalidPlanError,
     PlanStoreError,
@@ -141,8 +149,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class LocalStore(PlanStore):
-    """Plans as ``startup_plan_{fp}.json`` files in one directory (created on first write)."""
+class LocalStore(ObjectLayer):
+    """Objects as files in one directory (created on first write); a plan is
+    ``startup_plan_{fp}.json``."""
 
     #: Seconds a replace or delete waits at most for another process's lock.
     lock_timeout: float = 5.0
@@ -159,11 +168,10 @@ class LocalStore(PlanStore):
         self._dir = self._root.rstrip("/") + "/"  # where plan files are named (root "/" too)
 
     def own(self) -> LocalStore:
-        """This directory, with this store's keyring, reading only what no other user could
-        have written (``only_own``): what this node offers as its own."""
+        """This directory, reading only what no other user could have written (``only_own``):
+        what this node offers as its own."""
         mine = LocalStore(self.root)
         mine.only_own = True
-        mine.use_keyring(self.keyring)
         return mine
 
     @property

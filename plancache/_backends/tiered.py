@@ -1,4 +1,5 @@
-"""A local directory tier in front of a remote store, with an optional read-only mode.
+"""The plans kind over two layers: a local directory tier in front of a remote store, with
+an optional read-only mode (``TieredStore``: a ``PlanStore`` composed of two).
 
 Reads: local first, then remote when the local tier has no plan, an invalid one, or one the
 caller cannot use (``find``, e.g. a plan the gate rejects); a remote hit is copied into the
@@ -14,9 +15,9 @@ on one node. The keyring
 (``use_keyring``) applies to both tiers: a local record without a valid signature is not
 applied, it is logged and the remote is read instead.
 
-The object layer (``read_object``, ``write_object``, ...) is the remote's; a write through it
-in read-only mode raises ``PlanStoreReadOnlyError``. Kinds that read both tiers (compile
-artifacts) reach the local tier as ``local``.
+The object layer (``layer``) is the remote's; in read-only mode a ``ReadOnlyLayer`` whose
+writes and deletes raise ``PlanStoreReadOnlyError``. Kinds that read both tiers (compile
+artifacts) reach the local tier's layer as ``local_tier``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from plancache import _background as background
-from plancache._forwarding import ForwardingStore
+from plancache._forwarding import ForwardingLayer
 from plancache._keys import is_key_prefix, validate_key
-from plancache._objects import CREATE, WriteMode
+from plancache._objects import CREATE, ObjectLayer, WriteMode
 from plancache._plan import Plan
 from plancache._signing import Keyring
 from plancache._store import PlanStore, Put
@@ -56,33 +57,55 @@ MAX_MARKS = 16 * MAX_OFFERS
 """Most marks one warm reads (those past it: once earlier ones are shared or gone)."""
 
 
-class TieredStore(ForwardingStore):
+class ReadOnlyLayer(ForwardingLayer):
+    """``inner`` whose writes and deletes raise ``PlanStoreReadOnlyError`` (the store is
+    opened read-only); reads and listings go through."""
+
+    def __init__(self, inner: ObjectLayer) -> None:
+        self._inner = inner
+
+    @property
+    def inner(self) -> ObjectLayer:
+        return self._inner
+
+    def _refuse(self) -> NoReturn:
+        raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
+
+    def check_writable(self) -> None:
+        self._refuse()
+
+    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
+        self._refuse()
+
+    def delete_object(self, name: str, version: object | None = None) -> bool:
+        self._refuse()
+
+
+class TieredStore(PlanStore):
     """``remote`` behind an optional ``local`` tier; ``read_only`` never writes ``remote``.
-    Both tiers are reached through their public methods (``ForwardingStore``: the remote is
-    ``inner``; listing and raw reads are the remote's)."""
+    Both tiers are reached through their public methods; listing and raw reads are the
+    remote's (``layer``: the remote's, read-only in read-only mode)."""
 
     def __init__(
         self, remote: PlanStore, *, local: PlanStore | None = None, read_only: bool = False
     ) -> None:
+        super().__init__(ReadOnlyLayer(remote.layer) if read_only else remote.layer)
         self.remote = remote
         self.local = local
         self.read_only = read_only
 
     @property
-    def inner(self) -> PlanStore:
-        return self.remote
+    def local_tier(self) -> ObjectLayer | None:
+        return None if self.local is None else self.local.layer
 
     @property
-    def local_tier(self) -> PlanStore | None:
-        return self.local
-
-    @property
-    def atomic(self) -> bool:  # type: ignore[override]
+    def atomic(self) -> bool:
         return self.remote.atomic and (self.local is None or self.local.atomic)
 
     def use_keyring(self, keyring: Keyring) -> None:
         """Sign and judge records with ``keyring`` in both tiers."""
         super().use_keyring(keyring)
+        self.remote.use_keyring(keyring)
         if self.local is not None:
             self.local.use_keyring(keyring)
 
@@ -145,9 +168,9 @@ class TieredStore(ForwardingStore):
         return outcome, stored
 
     def warm(self) -> None:
-        """Start opening the remote (``ForwardingStore.warm``) and offering it the plans the
-        local tier marks as not shared yet, on daemon threads; returns at once."""
-        super().warm()
+        """Start opening the remote (``PlanStore.warm``) and offering it the plans the local
+        tier marks as not shared yet, on daemon threads; returns at once."""
+        self.remote.warm()
         if self.local is not None and not self.read_only:
             background.start(self.offer_unshared, "plancache-offer")
 
@@ -163,7 +186,9 @@ class TieredStore(ForwardingStore):
         assert self.local is not None
         shared, own = 0, self.local.own()  # a neighbour's mark or record: never offered
         try:
-            marks = list(itertools.islice(self.local.list_objects(UNSHARED_PREFIX), MAX_MARKS))
+            marks = list(
+                itertools.islice(self.local.layer.list_objects(UNSHARED_PREFIX), MAX_MARKS)
+            )
         except Exception as exc:
             log.info("plancache: plans not shared yet: marks not listed: %s", exc)
             return 0
@@ -172,12 +197,12 @@ class TieredStore(ForwardingStore):
                 break
             fp = name[len(UNSHARED_PREFIX) :]
             try:
-                own.read_object(name, 1)  # the mark: this user's, or InvalidPlanError
+                own.layer.read_object(name, 1)  # the mark: this user's, or InvalidPlanError
                 plan = own.get(validate_key(fp)) if _is_key(fp) else None
                 if plan is not None:
                     self.remote.put_merged(plan)
                     shared += 1
-                self.local.delete_object(name)
+                self.local.layer.delete_object(name)
             except (PlanStoreUnavailableError, PlanStoreReadOnlyError) as exc:  # a later boot
                 log.info(
                     "plancache: plans not shared yet stay marked: %s: %s", type(exc).__name__, exc
@@ -194,11 +219,11 @@ class TieredStore(ForwardingStore):
             log.info("plancache: %d plan(s) this node kept are now in %s", shared, self.remote.url)
         return shared
 
-    def _local_object(self, call: Callable[[PlanStore], object]) -> bool:
-        """``call`` on the local tier; False (logged) where it fails."""
+    def _local_object(self, call: Callable[[ObjectLayer], object]) -> bool:
+        """``call`` on the local tier's layer; False (logged) where it fails."""
         assert self.local is not None
         try:
-            call(self.local)
+            call(self.local.layer)
         except PlanStoreError as exc:
             log.warning("plancache: local tier %s: %s", self.local.url, exc)
             return False
@@ -255,21 +280,6 @@ class TieredStore(ForwardingStore):
             except PlanStoreError as exc:
                 log.warning("plancache: local tier %s: %s", self.local.url, exc)
         return removed
-
-    def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
-        """The remote's object layer; ``PlanStoreReadOnlyError`` in read-only mode (the
-        local tier is a kind's to write: ``local``)."""
-        self._check_writable()
-        return self.remote.write_object(name, chunks, mode)
-
-    def delete_object(self, name: str, version: object | None = None) -> bool:
-        """As ``write_object``."""
-        self._check_writable()
-        return self.remote.delete_object(name, version)
-
-    def _check_writable(self) -> None:
-        if self.read_only:
-            raise PlanStoreReadOnlyError(f"{self.url} is opened read-only: not written")
 
     def _get_local(self, fp: str) -> Plan | None:
         if self.local is None:

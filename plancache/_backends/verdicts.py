@@ -26,6 +26,7 @@ from plancache._neighbours import OddFileError, read_file
 from plancache._objects import CREATE, Update
 from plancache._probe import ProbeResult, StoreVerdict
 from plancache._redaction import printable, scrub
+from plancache._signing import Keyring
 from plancache.errors import PlanStoreError, PlanStoreUnavailableError
 
 log = logging.getLogger("plancache")
@@ -144,6 +145,7 @@ UNREADABLE = object()
 
 def share(
     store: RemoteStore,
+    keyring: Keyring,
     result: ProbeResult,
     stored: object = _LOOK,
     *,
@@ -154,8 +156,8 @@ def share(
     Of two nodes replacing it at once, one wins). One the store refuses to serve
     (``UNREADABLE``) is left alone, unless ``replace_unreadable`` (``plancache doctor``):
     then it is deleted and the verdict created. A node that checks signatures but holds no
-    signing key shares nothing (its nodes would not take it). Never raises."""
-    keyring = store.keyring
+    signing key shares nothing (its nodes would not take it); ``keyring`` signs it. Never
+    raises."""
     if keyring.requires_signature and not keyring.can_sign:
         return
     if stored is UNREADABLE and not replace_unreadable:

@@ -38,8 +38,9 @@ from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, s
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
 from plancache._config import Settings, keyring_from_env, parse_storage_options
-from plancache._forwarding import ForwardingStore, beneath
+from plancache._forwarding import ForwardingLayer, beneath
 from plancache._keys import plan_object_name
+from plancache._objects import ObjectLayer
 from plancache._probe import STEPS, StoreVerdict, probe
 from plancache._redaction import scrub, secret_values, without_userinfo
 from plancache._store import READ_LIMIT, PlanStore
@@ -88,7 +89,7 @@ class _Doctor:
         settings = dataclasses.replace(self.settings, local_tier=None, read_only=False)
         stack = settings.open_store()  # the one open path: lazily, within its bound
         try:
-            store = next(s for s in beneath(stack) if not isinstance(s, ForwardingStore))
+            store = next(s for s in beneath(stack.layer) if not isinstance(s, ForwardingLayer))
         except PlanStoreError as exc:
             stack.close()
             self.add("store", "open", "finding", str(exc))
@@ -102,8 +103,9 @@ class _Doctor:
         finally:
             stack.close()
 
-    def local_store(self, store: PlanStore) -> None:
-        self.attempt("store", "list", lambda: f"{sum(1 for _ in store.iter_fingerprints())} plans")
+    def local_store(self, store: ObjectLayer) -> None:
+        plans = PlanStore(store)
+        self.attempt("store", "list", lambda: f"{sum(1 for _ in plans.iter_fingerprints())} plans")
         self.add("store", "conformance", "info", "local directory: atomic by construction")
 
     def remote(self, store: RemoteStore) -> None:
@@ -164,7 +166,9 @@ class _Doctor:
         if result.verdict in (StoreVerdict.HONEST, StoreVerdict.LIES):
             cache = VerdictCache(Path(self.settings.local_dir) / VERDICTS_DIR)
             cache.save(identity(store), store.url, result)
-            share(store, result, replace_unreadable=True)  # what the fleet's nodes read first
+            share(
+                store, self.settings.keyring, result, replace_unreadable=True
+            )  # what the fleet's nodes read first
 
     def clock(self, store: RemoteStore) -> None:
         endpoint = store.endpoint()

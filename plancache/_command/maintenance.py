@@ -53,7 +53,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         summary += f", {unsigned} not validly signed (keys {', '.join(keys.key_ids)})"
     echo(summary + (f", {result.deleted} deleted" if args.fix else ""))
     broken, broken_kept = artifact_commands.verify(
-        store, keys, max_artifact_bytes(), fix=args.fix, require_signature=args.require_signature
+        store.layer,
+        keys,
+        max_artifact_bytes(),
+        fix=args.fix,
+        require_signature=args.require_signature,
     )
     refused = sum(f.fix is inventory.Fix.REFUSED for f in result.findings) + broken_kept
     return 1 if (bad or broken) and (not args.fix or refused) else 0
@@ -65,7 +69,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     store = open_named(args, args.url)
     refs = [f for f in args.fingerprints if artifact_commands.is_ref(f)]
     if refs:
-        artifact_commands.rm(store, refs)
+        artifact_commands.rm(store.layer, refs)
     plans = [f for f in args.fingerprints if f not in refs]
     for fp, deleted in inventory.remove(store, plans) if plans else ():
         echo(f"deleted {fp}" if deleted else f"already gone {fp}")
@@ -103,7 +107,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     installs = compile_cache(default_dir().parent) if result.temp_files is not None else None
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or "~/.triton/cache").expanduser()
     artifact_commands.prune(
-        store,
+        store.layer,
         args.older_than,
         max_artifact_bytes(),
         dry_run=args.dry_run,
@@ -139,5 +143,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     # a node installs unsigned artifacts without a key from a local store only: copying
     # into one must not make unsigned code trusted
     trusting = args.trust_unsigned or is_remote(args.dst)
-    artifact_commands.cp(src, dst, src.keyring, max_artifact_bytes(), trust_unsigned=trusting)
+    artifact_commands.cp(
+        src.layer, dst.layer, src.keyring, max_artifact_bytes(), trust_unsigned=trusting
+    )
     return 0

@@ -79,17 +79,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
             [inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid]
             + [
                 artifact_commands.entry_dict(a)
-                for a in inventory_artifacts.scan(store, max_artifact_bytes())
+                for a in inventory_artifacts.scan(store.layer, max_artifact_bytes())
             ]
             + [
                 artifact_commands.bundle_dict(b)
                 for b in inventory_artifacts.scan(
-                    store, max_artifact_bytes(), inventory_artifacts.CACHES
+                    store.layer, max_artifact_bytes(), inventory_artifacts.CACHES
                 )
             ]
             + [
                 artifact_commands.info_dict(m)
-                for m in inventory_artifacts.scan(store, kind=inventory_artifacts.MODEL_INFO)
+                for m in inventory_artifacts.scan(store.layer, kind=inventory_artifacts.MODEL_INFO)
             ]
         )
         return 0
@@ -118,10 +118,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
-    artifacts = artifact_commands.ls(store, keyring, max_artifact_bytes())
-    bundles = artifact_commands.ls_bundles(store, keyring, max_artifact_bytes())
-    infos = artifact_commands.ls_model_info(store, keyring)
-    artifact_commands.ls_claims(store, max_artifact_bytes())
+    artifacts = artifact_commands.ls(store.layer, keyring, max_artifact_bytes())
+    bundles = artifact_commands.ls_bundles(store.layer, keyring, max_artifact_bytes())
+    infos = artifact_commands.ls_model_info(store.layer, keyring)
+    artifact_commands.ls_claims(store.layer, max_artifact_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
     if artifacts:
@@ -141,7 +141,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     its reference); exit 1 for an invalid record (its bytes shown)."""
     store = open_named(args, args.url)
     if artifact_commands.is_ref(args.fingerprint):
-        return artifact_commands.show(store, args.fingerprint, store.keyring, max_artifact_bytes())
+        return artifact_commands.show(
+            store.layer, args.fingerprint, store.keyring, max_artifact_bytes()
+        )
     [fp] = inventory.resolve(store, [args.fingerprint])
     entry = inventory.read_entry(store, fp)
     if entry is None:
@@ -193,7 +195,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     infos: every field is listed in docs/cli.md)."""
     store = open_named(args, args.url)
     s = inventory.stats(store)
-    a = artifact_commands.stats(store, max_artifact_bytes())
+    a = artifact_commands.stats(store.layer, max_artifact_bytes())
     if args.json:
         print_json({**dataclasses.asdict(s), **a})
         return 0

@@ -2,8 +2,8 @@
 
 Every subcommand on a store opens the store it names (or ``PLANCACHE_URL``) directly, without
 the local tier, so what it shows is what that store itself holds (a remote store opens on
-first use, waiting at most ``LazyStore.open_timeout`` for its client), with the keys of the
-environment (``PLANCACHE_SIGNING_KEY``, ...) or of ``--keys-file``: writes (``cp``,
+first use, waiting at most its ``LazyStore``'s ``open_timeout`` for its client), with the
+keys of the environment (``PLANCACHE_SIGNING_KEY``, ...) or of ``--keys-file``: writes (``cp``,
 ``prune``) are signed with the signing key, and records the keys reject are shown as such,
 never copied or pruned. No key is ever printed; key ids are.
 
@@ -63,7 +63,7 @@ def open_named(
     )
     store = settings.open_store()
     args.opened.append(store)
-    local = None if is_remote(url) else next(s for s in beneath(store))
+    local = None if is_remote(url) else list(beneath(store.layer))[-1]
     if must_exist and isinstance(local, LocalStore) and not local.root.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store

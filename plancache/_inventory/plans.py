@@ -384,8 +384,8 @@ def prune(
         with contextlib.suppress(InvalidPlanError):  # turned invalid since: verify's job
             deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh, recent)) is None
     temps = marks = None
-    if isinstance(store, LocalStore):
-        temps = store.remove_stale_temp_files(dry_run=dry_run)
+    if isinstance(store.layer, LocalStore):
+        temps = store.layer.remove_stale_temp_files(dry_run=dry_run)
     breaker = Breaker.beside(store)
     if breaker is not None:
         marks = breaker.clean(older_than, dry_run=dry_run)

@@ -6,7 +6,8 @@ threads, processes and writers its races use):
 
 - ``store_spec``: ``(url, storage_options)`` of a fresh, empty store that ``open_store``
   opens; or, for a store no URL names, ``store_factory``: a picklable callable with no
-  arguments that opens it (``functools.partial(MyStore, path)``). The process race calls
+  arguments that opens it (``functools.partial(MyLayer, path)``: an ``ObjectLayer``, on
+  which the contract builds the plans kind, or a ``PlanStore``). The process race calls
   the factory in child processes (``spawn``), so it must reopen *the same* store there.
 - ``write_raw``: a callable ``(fingerprint, data)`` that stores ``data`` verbatim as the
   record of ``fingerprint`` in that store, past the store's own checks. The contract writes
@@ -35,7 +36,7 @@ import pytest
 
 from plancache import InvalidPlanError, Plan, PlanStore, PutOutcome, open_store
 from plancache._merge import covers, frontier
-from plancache._objects import CREATE, Create, WriteMode
+from plancache._objects import CREATE, Create, ObjectLayer, WriteMode
 from plancache._plan import MAX_OBSERVATIONS, MAX_RECORD_BYTES
 from plancache._units import GiB
 from plancache.errors import UnsupportedSchemaError
@@ -44,7 +45,7 @@ from plancache.testing.plans import make_plan
 T = TypeVar("T")
 StoreSpec = tuple[str, dict[str, Any]]
 """``(url, storage_options)``: what ``open_store`` takes."""
-StoreFactory = Callable[[], PlanStore]
+StoreFactory = Callable[[], ObjectLayer | PlanStore]
 WriteRaw = Callable[[str, bytes], None]
 
 BAD_KEYS: list[object] = [
@@ -91,27 +92,33 @@ def race(fn: Callable[[T], object], args: Sequence[T], timeout: float = 60) -> l
     return errors
 
 
+def plans(made: ObjectLayer | PlanStore) -> PlanStore:
+    """What a store factory made, as the plans kind: a layer gets the plans kind built on it
+    (as ``open_store`` does); a ``PlanStore`` is used as it is."""
+    return made if isinstance(made, PlanStore) else PlanStore(made)
+
+
 def _delete_any(store: PlanStore, fp: str) -> bool:
     return store.delete_if(fp, lambda raw: True)
 
 
 def _count_creates(store: PlanStore) -> Counter[int]:
-    """Count the creates ``store`` sends from now on, per thread."""
+    """Count the creates ``store`` sends to its layer from now on, per thread."""
     count: Counter[int] = Counter()
-    write = store.write_object
+    write = store.layer.write_object
 
     def counted(name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
         if isinstance(mode, Create):
             count[threading.get_ident()] += 1
         return write(name, chunks, mode)
 
-    store.write_object = counted  # type: ignore[method-assign]
+    store.layer.write_object = counted  # type: ignore[method-assign]
     return count
 
 
 def _race_worker(open_store_: StoreFactory, seed: int, count: int) -> list[list[int]]:
     """Put ``count`` random plans for ``FACTORS``; return the (kv, baseline) pairs written."""
-    store = open_store_()
+    store = plans(open_store_())
     rng = random.Random(seed)
     written = []
     for _ in range(count):
@@ -126,7 +133,7 @@ def _race_worker(open_store_: StoreFactory, seed: int, count: int) -> list[list[
 def _staircase_worker(open_store_: StoreFactory, index: int) -> list[int]:
     """Put one observation no other worker's dominates (baseline and KV grow with
     ``index``); return the (kv, baseline) written."""
-    store = open_store_()
+    store = plans(open_store_())
     kv, baseline = (1 + index) * GiB, (40 + index) * GiB
     store.put(make_plan(kv, baseline))
     store.close()
@@ -181,7 +188,7 @@ class StoreContract:
     @pytest.fixture
     def store(self, store_factory: StoreFactory) -> Iterator[PlanStore]:
         """The store under test, closed after the test."""
-        store = store_factory()
+        store = plans(store_factory())
         yield store
         store.close()
 
@@ -331,7 +338,7 @@ class StoreContract:
     ) -> None:
         plan, later = make_plan(), make_plan(kv=11 * GiB)
         store.put(plan)
-        other = store_factory()
+        other = plans(store_factory())
         judged: list[bytes] = []
 
         def doomed(raw: bytes) -> bool:
@@ -355,7 +362,7 @@ class StoreContract:
     ) -> None:
         old, later = make_plan(), make_plan(12 * GiB, 75 * GiB)  # incomparable points
         store.put(old)
-        other = store_factory()
+        other = plans(store_factory())
         seen: list[Plan] = []
 
         def forget_old(p: Plan) -> Plan | None:
@@ -433,7 +440,7 @@ class StoreContract:
         with ctx.Pool(n) as pool:
             results = pool.starmap_async(_race_worker, args).get(timeout=120)
         written = [make_plan(kv, base) for result in results for kv, base in result]
-        store = store_factory()
+        store = plans(store_factory())
         try:
             self.assert_frontier_of(store, written)
         finally:
@@ -448,7 +455,7 @@ class StoreContract:
         args = [(store_factory, i) for i in range(self.race_processes)]
         with ctx.Pool(self.race_processes) as pool:
             results = pool.starmap_async(_staircase_worker, args).get(timeout=120)
-        store = store_factory()
+        store = plans(store_factory())
         try:
             final = store.get(make_plan().fingerprint)
         finally:

@@ -190,9 +190,9 @@ class ObjectStoreContract(StoreContract):
         assert list(store.iter_fingerprints()) == [plan.fingerprint]
 
     def test_listing_pages(self, store: PlanStore) -> None:
-        if not hasattr(store, "list_page_size"):
+        if not hasattr(store.layer, "list_page_size"):
             pytest.skip("the store has no list_page_size to make listings page")
-        store.list_page_size = 2
+        store.layer.list_page_size = 2
         plans = [make_plan(factors={"i": i}) for i in range(5)]
         for p in plans:
             store.put(p)

@@ -19,6 +19,7 @@ from plancache._artifacts.engine import CompileSettings, Uploads
 from plancache._artifacts.manifest import artifact_object_name
 from plancache._artifacts.packing import pack
 from plancache._artifacts.store import ArtifactStore
+from plancache._backends import open_layer
 from plancache._backends.gcs import GCSStore
 from plancache._backends.s3 import S3Store
 from plancache._config import Settings
@@ -120,7 +121,7 @@ def test_a_store_that_ignores_preconditions_gets_no_artifact_and_no_unsigned_tru
         lying = dict(options, endpoint_url=proxy.endpoint)
         node = store(url, lying, local_tier=str(tmp_path / "tier"), trust_unsigned=True)
         assert node.upload(src, KEY, RANK) == {"local-tier": True}  # the probe said "lies"
-        assert artifact_names(open_store(url, **options)) == []  # not one artifact remotely
+        assert artifact_names(open_store(url, **options).layer) == []  # not one artifact remotely
         assert node.retract(KEY, RANK, "0" * 64) == []
         assert node.local is not None and node.local.delete_object(NAME)
         assert store(url, options).upload(src, KEY, RANK) == {"store": True}  # honest path
@@ -163,7 +164,7 @@ def test_read_only_node_fetches_and_never_writes_the_store(
     src = make_tree(tmp_path / "a" / KEY)
     reader = store(url, options, local_tier=tier, read_only=True, trust_unsigned=True)
     assert reader.upload(src, KEY, RANK) == {"local-tier": True}
-    assert artifact_names(open_store(url, **options)) == []
+    assert artifact_names(open_store(url, **options).layer) == []
     (src / "rank_1_0").mkdir()
     (src / "rank_1_0" / "model").write_bytes(b"rank 1")
     store(url, options).upload(src, KEY, "rank_1_0")
@@ -227,7 +228,7 @@ def test_gcs_single_part_race_one_wins(tmp_path: Path, fake_gcs: FakeGCS, gcs_bu
         manifest, chunks = pack(tree, KEY, RANK)
         body = list(chunks)
         barrier.wait(10)
-        results.append(blobs.write_object(manifest.name, iter(body)))
+        results.append(blobs.layer.write_object(manifest.name, iter(body)))
 
     threads = [threading.Thread(target=upload, args=(t,)) for t in trees]
     for t in threads:
@@ -247,7 +248,7 @@ def test_upload_killed_mid_stream_stores_nothing(
     assert node.stdout.readline().strip() == "stalled"
     node.send_signal(signal.SIGKILL)
     node.wait(30)
-    assert artifact_names(open_store(url, **options)) == []
+    assert artifact_names(open_store(url, **options).layer) == []
     fetched = store(url, options, trust_unsigned=True).fetch(tmp_path / "x" / KEY, KEY, RANK)
     assert fetched.reason == "miss" and not (tmp_path / "x" / KEY / RANK).exists()
 
@@ -256,7 +257,7 @@ def test_stream_raising_mid_upload_stores_nothing(
     tmp_path: Path, moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     url, options = s3(moto_s3, s3_bucket)
-    blobs = open_store(url, **options)
+    blobs = open_layer(url, **options)
     assert isinstance(blobs, S3Store)
 
     def broken() -> Any:
@@ -271,7 +272,7 @@ def test_stream_raising_mid_upload_stores_nothing(
 def test_gcs_multi_part_round_trip(tmp_path: Path, fake_gcs: FakeGCS, gcs_bucket: str) -> None:
     url, options = gcs(fake_gcs, gcs_bucket)
     src = _big_tree(tmp_path, "a")
-    assert isinstance(open_store(url, **options), GCSStore)
+    assert isinstance(open_store(url, **options).layer, GCSStore)
     shared = store(url, options, trust_unsigned=True)
     assert shared.upload(src, KEY, RANK) == {"store": True}
     assert shared.fetch(tmp_path / "b" / KEY, KEY, RANK).reason == "hit"

@@ -37,7 +37,7 @@ def main() -> None:
         if option == "--pause-at-end":
             time.sleep(value)
 
-    created = open_store(url, **options).write_object(manifest.name, stalling(chunks))
+    created = open_store(url, **options).layer.write_object(manifest.name, stalling(chunks))
     print("created" if created else "kept", flush=True)
 
 

@@ -33,7 +33,7 @@ def _store_artifacts(root: Path, tmp_path: Path) -> list[str]:
         manifest, chunks = pack(
             tree, KEY, rank, keyring=keyring, labels={"model": "tiny"}, created_at=created
         )
-        assert blobs.write_object(manifest.name, chunks)
+        assert blobs.layer.write_object(manifest.name, chunks)
         names.append(manifest.name)
     return names
 
@@ -71,20 +71,20 @@ def test_verify_reads_every_byte_and_fix_deletes(tmp_path: Path, store: LocalFix
     assert "every byte: 1 failed" in result.stdout
     fixed = run("verify", "--fix", str(root))
     assert fixed.returncode == 0 and "(deleted)" in fixed.stdout
-    assert artifact_names(open_store(str(root))) == [names[0]]
+    assert artifact_names(open_store(str(root)).layer) == [names[0]]
 
 
 def test_rm_and_prune(tmp_path: Path, store: LocalFixture) -> None:
     root, plans, _ = store
     names = _store_artifacts(root, tmp_path)
     assert f"would delete {names[1]}" in ok("prune", "--dry-run", "--older-than", "30d", str(root))
-    assert artifact_names(open_store(str(root))) == names
+    assert artifact_names(open_store(str(root)).layer) == names
     pruned = ok("prune", "--older-than", "30d", str(root))
     assert "deleted 1 compile artifact older than 30d" in pruned
-    assert artifact_names(open_store(str(root))) == [names[0]]
+    assert artifact_names(open_store(str(root)).layer) == [names[0]]
     out = ok("rm", f"{KEY[:6]}/rank_0_0", plans[0].fingerprint, "--url", str(root))
     assert f"deleted {names[0]}" in out and f"deleted {plans[0].fingerprint}" in out
-    assert artifact_names(open_store(str(root))) == []
+    assert artifact_names(open_store(str(root)).layer) == []
     assert run("rm", f"{KEY[:6]}/rank_0_0", "--url", str(root)).returncode == 2
 
 
@@ -99,7 +99,7 @@ def test_cp_streams_artifacts_to_s3(
     assert "copied compile artifacts: 2 created, 0 kept" in out
     again = ok("cp", str(root), url, "--storage-options", json.dumps(options), env=env)
     assert "copied compile artifacts: 0 created, 2 kept" in again
-    assert artifact_names(open_store(url, **options)) == names
+    assert artifact_names(open_store(url, **options).layer) == names
     listed = ok("ls", url, "--storage-options", json.dumps(options), env=env)
     assert f"{KEY[:12]}/rank_1_0" in listed
     assert artifact_object_name(KEY, "rank_0_0") in names

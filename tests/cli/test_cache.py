@@ -55,7 +55,7 @@ def test_a_directory_round_trips_through_a_remote_store_signed(
     assert (pushed["files"], pushed["written"]) == (4, {"store": True})
     store = open_store(url, **options)
     try:
-        [name] = list(store.list_objects("cache_myjit_"))
+        [name] = list(store.layer.list_objects("cache_myjit_"))
     finally:
         store.close()
     assert pushed["scope"] in name
@@ -112,7 +112,7 @@ def test_a_push_after_a_pull_stores_only_what_the_directory_added(tmp_path: Path
     (node / "cd" / "added.bin").write_bytes(b"compiled on this node")
     pushed = json.loads(ok("cache", "push", "--dir", str(node), *args, "--json"))
     assert pushed["files"] == 1  # its own file only, not a second copy of the others
-    assert len(list(open_store(str(store)).list_objects("cache_myjit_"))) == 2
+    assert len(list(open_store(str(store)).layer.list_objects("cache_myjit_"))) == 2
     pulled = json.loads(ok("cache", "pull", "--dir", str(new), *args, "--json"))
     assert (pulled["bundles"], pulled["installed"]) == (2, 5)
     assert _tree(new) == _tree(node)

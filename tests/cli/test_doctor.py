@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plancache._backends import open_store
+from plancache._backends import open_layer
 from plancache._backends._remote import RemoteStore
 from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR
 from plancache.testing import child_env
@@ -49,7 +49,7 @@ def test_an_honest_store_is_all_good(remote: RemoteSpec, tmp_path: Path) -> None
     assert status(report, "credentials")[0] == "info"
     assert status(report, "version")[0] == "info"  # no vLLM here: shown, not a finding
     assert len(list((tmp_path / "root" / "startup_plan" / VERDICTS_DIR).iterdir())) == 1
-    store = open_store(remote[0], **remote[1])
+    store = open_layer(remote[0], **remote[1])
     assert isinstance(store, RemoteStore)
     shared = store.probe_store().read_object(SHARED_VERDICT, 4096)  # for the fleet's nodes
     assert shared is not None and json.loads(shared[0])["verdict"] == "honest"

@@ -26,7 +26,7 @@ def _stock(root: Path) -> tuple[str, str]:
     old = modelinfo.ModelInfo("0.32.0", "m.llama", "Llama", FILE, time.time() - 40 * DAY)
     fresh = fresh.signed_with(Keyring(K1))
     for info in (fresh, old):
-        assert store.write_object(info.name, [info.encode()])
+        assert store.layer.write_object(info.name, [info.encode()])
     return fresh.name, old.name
 
 
@@ -51,7 +51,7 @@ def test_prune_deletes_old_model_info_by_age(tmp_path: Path) -> None:
     fresh, old = _stock(root)
     out = ok("prune", "--older-than", "30d", str(root))
     assert f"deleted {old}" in out and "deleted 1 model info older than 30d" in out
-    assert names(open_store(str(root)), MODEL_INFO) == [fresh]
+    assert names(open_store(str(root)).layer, MODEL_INFO) == [fresh]
 
 
 def test_verify_fix_deletes_a_tampered_model_info_and_rm_takes_its_name(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_verify_fix_deletes_a_tampered_model_info_and_rm_takes_its_name(tmp_path
     fixed = ok("verify", "--fix", str(root))
     assert f"{old}  its envelope names another module, class or source  (deleted)" in fixed
     assert ok("rm", fresh, "--url", str(root)).strip() == f"deleted {fresh}"
-    assert names(open_store(str(root)), MODEL_INFO) == []
+    assert names(open_store(str(root)).layer, MODEL_INFO) == []
 
 
 def test_cp_into_a_local_store_copies_signed_model_info_only(tmp_path: Path) -> None:
@@ -75,6 +75,6 @@ def test_cp_into_a_local_store_copies_signed_model_info_only(tmp_path: Path) -> 
     out = ok("cp", str(src), str(dst), env=keyed)
     assert f"skipped model info {old}: unsigned" in out
     assert "copied model infos: 1 created, 0 kept, 1 skipped" in out
-    assert names(open_store(str(dst)), MODEL_INFO) == [fresh]
+    assert names(open_store(str(dst)).layer, MODEL_INFO) == [fresh]
     again = ok("cp", str(src), str(dst), "--trust-unsigned", env=keyed)
     assert "copied model infos: 1 created, 1 kept, 0 skipped" in again

@@ -177,7 +177,7 @@ def _stock(url: str, options: dict[str, Any], tmp_path: Path) -> Stock:
             assert store.put(plan)
         bad = fingerprint({"model": "broken"})
         invalid = record_bytes(kv_cache_memory_bytes=3 * GiB)  # kv > baseline
-        assert store.write_object(plan_object_name(bad), (invalid,))
+        assert store.layer.write_object(plan_object_name(bad), (invalid,))
         tree = make_tree(tmp_path / "tree" / KEY)
         for rank in ("rank_1_0", "rank_2_0"):
             (tree / rank).mkdir()
@@ -192,7 +192,7 @@ def _stock(url: str, options: dict[str, Any], tmp_path: Path) -> Stock:
             data = bytearray(b"".join(chunks))
             if rank == "rank_2_0":
                 data[len(data) // 2] ^= 0xFF  # past the manifest: only a full read finds it
-            assert store.write_object(manifest.name, (bytes(data),))
+            assert store.layer.write_object(manifest.name, (bytes(data),))
             artifacts[rank] = manifest.name
     finally:
         store.close()
@@ -294,7 +294,7 @@ def _source(tmp_path: Path) -> Path:
     (tree / "rank_3_0").mkdir()
     (tree / "rank_3_0" / "model").write_bytes(b"rank three")
     manifest, chunks = pack(tree, KEY, "rank_3_0")
-    assert local.write_object(manifest.name, chunks)
+    assert local.layer.write_object(manifest.name, chunks)
     return src
 
 

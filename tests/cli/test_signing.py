@@ -53,7 +53,7 @@ def stock(store: PlanStore) -> None:
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "store"
-    stock(LocalStore(root))
+    stock(PlanStore(LocalStore(root)))
     write_raw(root, BROKEN, record_bytes(kv_cache_memory_bytes=3 * GiB))  # kv > baseline
     return root
 
@@ -180,7 +180,7 @@ def test_cp_and_prune_sign_with_the_signing_key(root: Path, tmp_path: Path) -> N
         f"copied {root} -> {dst}: 1 created, 0 replaced, 0 kept, 1 invalid skipped, "
         "3 not validly signed skipped\n"
     )
-    reader = LocalStore(dst)
+    reader = PlanStore(LocalStore(dst))
     reader.use_keyring(Keyring(verify_keys=[KEY]))
     assert [fp for fp in reader.iter_fingerprints()] == [GOOD.fingerprint]
     # without a key every valid record is copied as it is, signatures included
@@ -191,7 +191,7 @@ def test_cp_and_prune_sign_with_the_signing_key(root: Path, tmp_path: Path) -> N
         assert (plain_dst / name).read_bytes() == (root / name).read_bytes()
     # prune: an unsigned prune cannot rewrite a signed record; a signing one can
     old = named_plan("good", kv_gib=2, baseline_gib=75, age_days=40)
-    signing(LocalStore(dst)).put(old)
+    signing(PlanStore(LocalStore(dst))).put(old)
     stderr = failure("prune", "--older-than", "30d", str(dst))
     assert "is signed; changing it needs the signing key" in stderr
     out = ok("prune", "--older-than", "30d", str(dst), env=keyed())
@@ -207,7 +207,7 @@ def test_rotation_steps_from_the_readme(tmp_path: Path) -> None:
     """Sign with the new key, accept the old one; `cp URL URL` re-signs every record; the
     new key alone then accepts them all."""
     root = tmp_path / "store"
-    old = LocalStore(root)
+    old = PlanStore(LocalStore(root))
     for name in ("a", "b", "c"):
         signing(old, OTHER).put(named_plan(name))
     new_keys = tmp_path / "new.keys"

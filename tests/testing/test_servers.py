@@ -179,10 +179,12 @@ def test_s3_under_load_sheds_requests_per_prefix_and_shares_one_link(
         assert statuses == [200, 200, 200, 503, 503], statuses
         assert b"<Code>SlowDown</Code>" in body and proxy.throttled == 2
         store = open_store(f"s3://{s3_bucket}/b", endpoint_url=proxy.endpoint, retries=0)
-        assert store.write_object("big", (b"y" * (256 << 10),))  # another prefix: taken
+        assert store.layer.write_object("big", (b"y" * (256 << 10),))  # another prefix: taken
         assert proxy.received_by_name["big"] == 256 << 10
         start = time.monotonic()
-        threads = [threading.Thread(target=store.read_object, args=("big", 1 << 20)) for _ in "ab"]
+        threads = [
+            threading.Thread(target=store.layer.read_object, args=("big", 1 << 20)) for _ in "ab"
+        ]
         for t in threads:
             t.start()
         for t in threads:

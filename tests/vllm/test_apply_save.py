@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 import plancache.integrations.vllm as plugin
-from plancache import Plan, PlanCache
+from plancache import Plan, PlanCache, PlanStore
 from plancache._backends.local import LocalStore
 from plancache.integrations.vllm import BootMode, apply
 from plancache.testing import GiB
@@ -170,12 +170,12 @@ def test_the_timing_data_never_steers_the_decision(
     whatever the costs say."""
     booted(gpu.Worker(profiled_kv=30 * GiB))  # a plan to apply
 
-    class Slow(LocalStore):
+    class Slow(PlanStore):
         def _read(self, fp: str) -> tuple[bytes, object] | None:
             time.sleep(0.3)
             return super()._read(fp)
 
-    monkeypatch.setattr(apply, "_cache", PlanCache(Slow(store_dir), timeout=5.0))
+    monkeypatch.setattr(apply, "_cache", PlanCache(Slow(LocalStore(store_dir)), timeout=5.0))
     worker = gpu.Worker()
     worker.load_model()
     boot = apply.boot_of(worker)

@@ -55,12 +55,12 @@ def test_a_new_node_compiles_no_triton_kernel_a_warm_node_would_not(tmp_path: Pa
     assert cold["compiled"] == 3
     warm, _ = _run("triton_node.py", tmp_path / "cold", store, "--kernels", "3")
     assert warm["compiled"] == 0
-    bundles = list(open_store(str(store)).list_objects("cache_triton_"))
+    bundles = list(open_store(str(store)).layer.list_objects("cache_triton_"))
     assert len(bundles) == 1  # the warm node added nothing: nothing written
     new, log = _run("triton_node.py", tmp_path / "new", store, "--kernels", "4")
     assert new["compiled"] == 1, log[-3000:]  # the three shared load; the fourth is new
     assert "triton cache: hit, 1 bundles" in log
-    assert len(list(open_store(str(store)).list_objects("cache_triton_"))) == 2  # its delta
+    assert len(list(open_store(str(store)).layer.list_objects("cache_triton_"))) == 2  # its delta
     third, log = _run("triton_node.py", tmp_path / "third", store, "--kernels", "4")
     assert third["compiled"] == 0, log[-3000:]
 

@@ -102,13 +102,13 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> Cold:
     [(report, log)] = reports(node(model_dir, root, str(store), "--wait-upload", "120"))
     assert report["aot_compiles"] == 1 and report["aot_saved"] == 1, log[-3000:]
     assert not report["loaded_from_disk"] and report["equal_eager"]
-    names = artifact_names(open_store(str(store)))
+    names = artifact_names(open_store(str(store)).layer)
     assert len(names) == 1, log[-3000:]
     parsed = parse_artifact_object_name(names[0])
     assert parsed is not None and parsed[1] == "rank_0_0"
     assert "stored: store=created" in log
     assert report["inspections"] == 1, log[-3000:]  # no model info anywhere: vLLM inspects
-    infos = list(open_store(str(store)).list_objects("model_info_"))
+    infos = list(open_store(str(store)).layer.list_objects("model_info_"))
     assert len(infos) == 1, log[-3000:]  # and its file is shared
     return Cold(model_dir, store, root, parsed[0], report)
 
@@ -210,7 +210,9 @@ def test_new_nodes_load_instead_of_compiling(cold: Cold, fleet: Fleet) -> None:
     local, _, _ = fleet.loads  # the one store that holds the cold node's model info
     assert local[0]["inspections"] == 0, local[1][-3000:]  # vLLM read the shared file
     assert "ForCausalLM: hit from store" in local[1]
-    assert len(artifact_names(open_store(str(cold.store)))) == 1  # nothing uploaded after a load
+    assert (
+        len(artifact_names(open_store(str(cold.store)).layer)) == 1
+    )  # nothing uploaded after a load
 
 
 def test_crash_after_install_costs_one_boot_and_refusals_are_logged(

@@ -81,14 +81,14 @@ def test_register_opens_the_store_before_any_lookup(
 ) -> None:
     _install_as_vllm(monkeypatch, load_standin())
     plugin.register()
-    opened = f"LocalStore({str(store_dir)!r})"  # a LazyStore shows its store once open
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         cache = apply._cache
-        if cache is not None and repr(cache._store) == opened:
+        if cache is not None and cache._opening is not None and cache._opening.value is not None:
             break
         time.sleep(0.01)
-    assert apply._cache is not None and repr(apply._cache._store) == opened
+    assert apply._cache is not None and apply._cache._opening is not None
+    assert repr(apply._cache._opening.value) == f"PlanStore(LocalStore({str(store_dir)!r}))"
     assert apply._cache.store.url == str(store_dir)
 
 

@@ -58,7 +58,7 @@ def test_a_fresh_process_loads_the_saved_bytes_and_its_compile_hits(tmp_path: Pa
     [saved] = _reports(_start(tmp_path / "a", store, "save", KEY))
     assert (saved["fxgraph_miss"], saved["fxgraph_hit"]) == (1, 0), saved["log"][-3000:]
     assert saved["bytes"] > 0 and saved["written"] == {"store": True}
-    assert len(list(open_store(str(store)).list_objects("cache_torch_mega_"))) == 1
+    assert len(list(open_store(str(store)).layer.list_objects("cache_torch_mega_"))) == 1
     loaded, refused = _reports(
         _start(tmp_path / "b", store, "load", KEY),
         _start(tmp_path / "c", store, "load", OTHER),  # signed by a key it does not accept

@@ -94,7 +94,7 @@ def _bundles(store: Store) -> list[str]:
     options = json.loads(settings.get("PLANCACHE_STORAGE_OPTIONS", "{}"))
     opened = open_store(url, **options)
     try:
-        return sorted(opened.list_objects("cache_triton_"))
+        return sorted(opened.layer.list_objects("cache_triton_"))
     finally:
         opened.close()
 
