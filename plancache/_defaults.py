@@ -18,6 +18,9 @@ RECORD_EXIT_WAIT_S = 10.0
 """Seconds a process's exit waits, in all, for records still being written past their
 budget (on a slow store a short-lived process would otherwise take its observation with it;
 the wait is bounded like compile uploads')."""
+EXPLAIN_DIR = "explain"
+"""Below a node's local directory: the factors of its recent misses (the vLLM plugin writes
+them), for ``plancache explain``."""
 MAX_SECONDS = 600.0
 """Largest time bound a setting or storage option may give (a larger one is a mistake that
 would make every call fail or hang)."""

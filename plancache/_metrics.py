@@ -70,6 +70,9 @@ def _metrics() -> dict[str, Any] | None:
                     "plancache_seconds_lost", "seconds fetches given up cost", ["kind", "model"]
                 ),
                 "bytes": p.Counter("plancache_bytes", "bytes moved", ["kind", "direction"]),
+                "left_out": p.Counter(
+                    "plancache_left_out", "files an upload left out", ["kind", "why"]
+                ),
                 "requests": p.Histogram(
                     "plancache_store_request_seconds",
                     "seconds of a remote store's calls",
@@ -120,6 +123,13 @@ def moved(kind: str, direction: str, n: int) -> None:
     """Add ``n`` bytes ``fetched`` or ``uploaded``."""
     if n > 0:
         _safely("bytes", {"kind": kind, "direction": direction}, "inc", n)
+
+
+def left_out(kind: str, why: str, n: int) -> None:
+    """Count ``n`` files an upload of ``kind`` left out, and why (``foreign``, ``odd``,
+    ``name``, ``cap``)."""
+    if n > 0:
+        _safely("left_out", {"kind": kind, "why": why}, "inc", n)
 
 
 def request(scheme: str, op: str, seconds: float) -> None:

@@ -46,17 +46,19 @@ def compile_wanted(environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def _vllm_compile_off(env: Mapping[str, str]) -> str | None:
-    """The vLLM setting that leaves no compile artifact to share, or None (read as vLLM
-    0.33's ``vllm.envs`` does: ``VLLM_USE_AOT_COMPILE`` unset is on with torch 2.10 or
-    newer unless the compile cache is disabled)."""
+def _vllm_compile_off(env: Mapping[str, str]) -> list[str]:
+    """Every vLLM setting that leaves no compile artifact to share (read as vLLM 0.33's
+    ``vllm.envs`` does: ``VLLM_USE_AOT_COMPILE`` unset is on with torch 2.10 or newer unless
+    the compile cache is disabled): all of them, so that unsetting one is seen not to be
+    enough."""
+    out = []
     disabled = env.get("VLLM_DISABLE_COMPILE_CACHE", "0").strip()
     if disabled not in ("", "0"):
-        return f"VLLM_DISABLE_COMPILE_CACHE={disabled} (vLLM keeps no compile cache)"
+        out.append(f"VLLM_DISABLE_COMPILE_CACHE={disabled} (vLLM keeps no compile cache)")
     aot = env.get("VLLM_USE_AOT_COMPILE")
     if aot is not None and aot != "1":
-        return f"VLLM_USE_AOT_COMPILE={aot} (vLLM saves no AOT artifact)"
-    return None
+        out.append(f"VLLM_USE_AOT_COMPILE={aot} (vLLM saves no AOT artifact)")
+    return out
 
 
 def kinds(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:
@@ -84,11 +86,14 @@ def kinds(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str
         compiled, detail = False, f"off: {exc}"
     if not detail:
         switch = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
-        vllm_off = _vllm_compile_off(env)
-        if not compiled:
-            detail = f"off: PLANCACHE_COMPILE_CACHE={switch}" if switch else f"off, as plans: {why}"
-        elif vllm_off is not None:
-            compiled, detail = False, f"off: {vllm_off}"
+        offs = (
+            []
+            if compiled
+            else [f"PLANCACHE_COMPILE_CACHE={switch}" if switch else f"as plans ({why})"]
+        )
+        offs += _vllm_compile_off(env)
+        if offs:
+            compiled, detail = False, "off: " + "; ".join(offs)
         else:
             detail = "on, with model info and the Inductor, Triton and FlashInfer autotune caches"
     out.append(("compile artifacts", compiled, detail))

@@ -41,6 +41,7 @@ from plancache._artifacts.manifest import (
     INDUCTOR_DIR,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MAX_PATH_CHARS,
     FileEntry,
     Manifest,
     check_path,
@@ -54,6 +55,8 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GROUP_PREFIX = "__grp__"
 """Triton's group files (``FileCacheManager.put_group``), in Triton's and Inductor's caches."""
 MAX_GROUP_BYTES = 1 << 20
+MAX_EXTENDED_BYTES = MAX_PATH_CHARS + 16
+"""Bytes of an extended header: one path record of at most ``MAX_PATH_CHARS``."""
 INSTALLED_MANIFEST = ".plancache-manifest.json"
 """A copy of the manifest kept in an installed rank directory (names what was installed)."""
 TEMP_PREFIX = ".plancache-tmp-"
@@ -123,15 +126,44 @@ class _Unzstd:
             raise ArtifactError(f"artifact stream is corrupt: {exc}") from None
 
 
-def _member(stream: _Stream) -> tarfile.TarInfo:
-    """The next member's header: a regular file of a ustar archive (nothing else is read)."""
+def _header(stream: _Stream) -> tarfile.TarInfo:
     block = stream.exact(BLOCK)
     try:
-        info = tarfile.TarInfo.frombuf(block, "utf-8", "strict")
+        return tarfile.TarInfo.frombuf(block, "utf-8", "strict")
     except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
         raise ArtifactError("artifact archive ends before its last file") from None
     except (tarfile.HeaderError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"artifact archive header is malformed: {exc}") from None
+
+
+def _extended_path(stream: _Stream, size: int) -> str:
+    """The path a POSIX extended header of ``size`` bytes holds: one ``path`` record and
+    nothing else (no link, owner or time of a producer's is ever taken), a safe relative
+    path (``check_path``); else ``ArtifactError``."""
+    if size > MAX_EXTENDED_BYTES:
+        raise ArtifactError(
+            f"artifact extended header of {size} bytes (at most {MAX_EXTENDED_BYTES})"
+        )
+    data = stream.exact(size)
+    stream.exact(-size % BLOCK)
+    length, _, record = data.partition(b" ")
+    key, _, value = record.partition(b"=")
+    if not (length.isdigit() and int(length) == size and key == b"path" and value.endswith(b"\n")):
+        raise ArtifactError("artifact extended header holds something other than one path")
+    try:
+        return check_path(value[:-1].decode("utf-8", "strict"), "")
+    except (InvalidPlanError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"artifact extended header: {exc}") from None
+
+
+def _member(stream: _Stream) -> tarfile.TarInfo:
+    """The next member's header: a regular file of a ustar archive, its path in an extended
+    header where ustar could not hold it (nothing else is read)."""
+    info = _header(stream)
+    if info.type == tarfile.XHDTYPE:
+        path = _extended_path(stream, info.size)
+        info = _header(stream)
+        info.name = path
     if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
         raise ArtifactError(f"artifact member {info.name!r:.60} is not a regular file")
     return info

@@ -124,7 +124,7 @@ class CacheBundles(Engine):
         create-if-absent, on the store (unless it refuses writes: logged), then on the local
         tier. Returns how many files it held (0: nothing new, nothing written) and
         {destination: created}. Raises ``ArtifactError`` (a file changed while read)."""
-        files = scan_cache(root, known, max_bytes=self.compile.max_bytes)
+        files = scan_cache(root, known, max_bytes=self.compile.max_bytes, kind=kind)
         if files:  # what a stored bundle holds already (one the fetch did not read)
             held = self._held(f"{CACHE_PREFIX}{kind}_{scope}_", {f.path for f in files})
             files = [f for f in files if f.path not in held]

@@ -39,8 +39,13 @@ MANIFEST_NAME = ".plancache/manifest.json"
 MAX_MANIFEST_BYTES = 8 << 20
 MAX_FILES = 20_000
 """Most files one artifact may hold (vLLM's tiny CPU model: 45)."""
-MAX_PATH_CHARS = 250
-"""Longest relative path (fits a ustar header's prefix and name fields)."""
+MAX_PATH_CHARS = 1024
+"""Longest relative path (a ustar header holds up to 255 characters; longer paths, or a
+last component over 100, travel in a one-key extended header: ``packing``)."""
+ENTRY_BYTES = 128
+"""A manifest entry's bytes besides its path (JSON keys, size, digest, mode), rounded up."""
+FILES_ROOM = MAX_MANIFEST_BYTES - (64 << 10)
+"""Bytes of a manifest its entries may take (the rest: its other fields)."""
 DEFAULT_MAX_BYTES = 4 << 30
 """Default cap on an artifact's total file size (``PLANCACHE_COMPILE_MAX_BYTES``)."""
 INDUCTOR_DIR = "inductor_cache"
@@ -57,7 +62,7 @@ CACHE_PREFIX = "cache_"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _RANK = re.compile(r"rank_[0-9]{1,6}_[0-9]{1,6}")
-_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,127}")
+_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,~-]{0,254}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _CONTENT = re.compile(r"[0-9a-f]{32}")
 _CACHE_NAME = re.compile(
@@ -141,7 +146,9 @@ def check_path(path: object, rank: str) -> str:
     """``path`` if it is a safe relative path below ``inductor_cache/`` or ``rank/`` (a
     compile artifact's), or anywhere below the cache's root (``rank`` empty: a bundle's)."""
     if not isinstance(path, str) or len(path) > MAX_PATH_CHARS:
-        raise InvalidPlanError(f"artifact path {path!r:.60} is not a string of <= 250 chars")
+        raise InvalidPlanError(
+            f"artifact path {path!r:.60} is not a string of <= {MAX_PATH_CHARS} chars"
+        )
     parts = path.split("/")
     if rank and (len(parts) < 2 or parts[0] not in (INDUCTOR_DIR, rank)):
         raise InvalidPlanError(f"artifact path {path!r:.60} is outside {INDUCTOR_DIR}/ and {rank}/")

@@ -2,7 +2,9 @@
 I/O; the reading side is ``archive``).
 
 The stream is a ustar archive: the manifest first (``.plancache/manifest.json``), then one
-regular file per manifest entry, in the manifest's order; zstd-compressed when ``zstandard``
+regular file per manifest entry, in the manifest's order (a path a ustar header cannot hold,
+over 255 characters or with a last component over 100, is carried by a POSIX extended
+header holding that path alone, before its file's header); zstd-compressed when ``zstandard``
 is importable (a reader recognises either by the first bytes). It is read in chunks of
 ``CHUNK`` bytes: memory does not grow with the artifact's size.
 
@@ -11,7 +13,10 @@ Guarantees: a manifest lists only regular files under safe relative paths, withi
 stream carries exactly the bytes the manifest's digests name: a file that changed since it
 was scanned raises ``ArtifactError`` mid-stream (the upload is abandoned, never completed).
 A cache bundle (``scan_cache``, ``pack_cache``) holds what a node added to a generated cache
-(not what ``known`` lists), leaving out temp files, lock files and lock directories.
+(not what ``known`` lists), leaving out temp files, lock files and lock directories; every
+other file it leaves out (another user's, one that is not a regular file, a name no bundle
+may hold, one past the caps) is counted in one log line and in the ``plancache_left_out``
+metric (``_LeftOut``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from plancache import _metrics as metrics
 from plancache._artifacts.manifest import (
     DEFAULT_MAX_BYTES,
+    ENTRY_BYTES,
+    FILES_ROOM,
     INDUCTOR_DIR,
     MANIFEST_NAME,
     MAX_FILES,
@@ -56,31 +64,56 @@ def zstd_available() -> bool:
 
 @dataclass
 class _LeftOut:
-    """The files a scan left out because another user could have written them."""
+    """The files a scan of ``kind`` left out, by why: another user could have written them
+    (``owned`` by another user, ``writable`` by all), not a regular file (``odd``: a link, a
+    FIFO, a device), a name no bundle may hold (``named``), past the caps (``capped``).
+    ``log`` says it all in one line and counts it in the ``plancache_left_out`` metric."""
 
     where: Path
+    kind: str
     owned: int = 0
     writable: int = 0
+    odd: int = 0
+    named: int = 0
+    capped: int = 0
     example: str = ""
 
-    def add(self, path: str, st: os.stat_result) -> None:
+    def foreign(self, path: str, st: os.stat_result) -> None:
         if st.st_uid not in (os.geteuid(), 0):
             self.owned += 1
         else:
             self.writable += 1
         self.example = self.example or path
 
+    def note(self, why: str, path: str) -> None:
+        """One more file left out for ``why`` (``odd``, ``named`` or ``capped``)."""
+        setattr(self, why, getattr(self, why) + 1)
+        self.example = self.example or path
+
     def log(self) -> None:
-        if self.owned or self.writable:
-            log.warning(
-                "plancache: %s: %d files left out of the upload, which another user could "
-                "have written (%d owned by another user, %d writable by all; one: %s)",
-                self.where,
-                self.owned + self.writable,
-                self.owned,
-                self.writable,
-                printable(self.example),
-            )
+        foreign = self.owned + self.writable
+        counts = {"foreign": foreign, "odd": self.odd, "name": self.named, "cap": self.capped}
+        total = sum(counts.values())
+        if not total:
+            return
+        whys = [
+            f"{foreign} another user could have written ({self.owned} owned by another user, "
+            f"{self.writable} writable by all)"
+            if foreign
+            else "",
+            f"{self.odd} not a regular file" if self.odd else "",
+            f"{self.named} named as no bundle may name a file" if self.named else "",
+            f"{self.capped} past the bundle's cap (a later upload)" if self.capped else "",
+        ]
+        log.warning(
+            "plancache: %s: %d files left out of the upload: %s; one: %s",
+            self.where,
+            total,
+            "; ".join(w for w in whys if w),
+            printable(self.example),
+        )
+        for why, n in counts.items():
+            metrics.left_out(self.kind, why, n)
 
 
 def _own_files(
@@ -91,9 +124,11 @@ def _own_files(
     no link followed on the way, the same inode); the file is open until the iteration goes
     on. Another user's, or a world-writable one, goes to ``left_out`` (a group-writable one
     of this user's is taken: a group member who could change it could change what this
-    node loads itself); links, FIFOs, devices and files swapped meanwhile are skipped."""
+    node loads itself), and so do links, FIFOs and devices; files swapped meanwhile are
+    skipped."""
     for entry in walk(root, skip):
         if not stat.S_ISREG(entry.st.st_mode):
+            left_out.note("odd", entry.path)
             continue
         try:
             fd = open_entry(entry)
@@ -102,7 +137,7 @@ def _own_files(
         with os.fdopen(fd, "rb") as file:
             st = os.fstat(fd)
             if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o002:
-                left_out.add(entry.path, st)
+                left_out.foreign(entry.path, st)
                 continue
             yield entry.path, st, file
 
@@ -118,8 +153,8 @@ def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES)
     plancache's own files and vLLM's temp files are left out. ``ArtifactError`` if the rank
     has no ``model``, a name is unsafe, or a cap is exceeded."""
     entries: list[FileEntry] = []
-    total = 0
-    left_out = _LeftOut(root)
+    total = listed = 0
+    left_out = _LeftOut(root, "compile")
     for top in (INDUCTOR_DIR, rank):
         for path, st, file in _own_files(root / top, _plancache_or_temp, left_out):
             rel = f"{top}/{path}"
@@ -128,8 +163,12 @@ def scan(root: Path, key: str, rank: str, *, max_bytes: int = DEFAULT_MAX_BYTES)
             except InvalidPlanError as exc:
                 raise ArtifactError(str(exc)) from None
             total += st.st_size
-            if total > max_bytes or len(entries) >= MAX_FILES:
-                raise ArtifactError(f"over the caps ({max_bytes} bytes, {MAX_FILES} files)")
+            listed += len(rel) + ENTRY_BYTES
+            if total > max_bytes or len(entries) >= MAX_FILES or listed > FILES_ROOM:
+                raise ArtifactError(
+                    f"over the caps ({max_bytes} bytes, {MAX_FILES} files, a manifest of "
+                    f"{FILES_ROOM} bytes)"
+                )
             entries.append(FileEntry(rel, st.st_size, _digest(file), _mode(st)))
     left_out.log()
     if f"{rank}/model" not in {e.path for e in entries}:
@@ -154,27 +193,36 @@ def scan_cache(
     known: frozenset[str] = frozenset(),
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    kind: str = "cache",
 ) -> list[FileEntry]:
-    """The regular files below ``root`` (a generated cache) whose paths are not in
-    ``known``, with their digests, in path order, at most ``MAX_FILES`` and ``max_bytes`` in
-    all (past a cap, the rest is left for a later bundle): only this user's, each read as
-    the walk found it (``_own_files``; what another user could have written is left out and
-    logged). Left out too: names starting with a dot or ``tmp.`` (temp files and
-    directories of the cache's writers, plancache's own), ``*.tmp``, ``*.lock``, lock
-    directories, and names no bundle may hold."""
+    """The regular files below ``root`` (a generated cache of ``kind``) whose paths are not
+    in ``known``, with their digests, in path order, at most ``MAX_FILES``, ``max_bytes``
+    and a manifest's room in all (past a cap, the rest is left for a later bundle): only
+    this user's, each read as the walk found it (``_own_files``). Not counted: names
+    starting with a dot or ``tmp.`` (temp files and directories of the cache's writers,
+    plancache's own), ``*.tmp``, ``*.lock``, lock directories. Counted and logged
+    (``_LeftOut``): what another user could have written, what is not a regular file, names
+    no bundle may hold, what is past a cap."""
     entries: list[FileEntry] = []
-    total = 0
-    left_out = _LeftOut(root)
+    total = listed = 0
+    left_out = _LeftOut(root, kind)
     for rel, st, file in _own_files(root, _not_shared, left_out):
         if rel in known:
             continue
         try:
             check_path(rel, "")
         except InvalidPlanError:
+            left_out.note("named", rel)
             continue
-        if total + st.st_size > max_bytes or len(entries) >= MAX_FILES:
-            break
+        if left_out.capped or (
+            total + st.st_size > max_bytes
+            or len(entries) >= MAX_FILES
+            or listed + len(rel) + ENTRY_BYTES > FILES_ROOM
+        ):
+            left_out.note("capped", rel)
+            continue
         total += st.st_size
+        listed += len(rel) + ENTRY_BYTES
         entries.append(FileEntry(rel, st.st_size, _digest(file), _mode(st)))
     left_out.log()
     return entries
@@ -192,9 +240,14 @@ def _digest(file: BinaryIO) -> str:
 
 
 def _header(name: str, size: int, mode: int) -> bytes:
+    """A regular file's ustar header; for a path ustar cannot hold, a POSIX extended header
+    holding the path alone, then the file's header (``archive`` reads both)."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime, info.type = size, mode, 0, tarfile.REGTYPE
-    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+    try:
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+    except ValueError:  # "name is too long": the path goes in an extended header
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
 
 
 def _padding(size: int) -> bytes:

@@ -1,7 +1,8 @@
 """The ``plancache`` command: see what a store holds, check it, copy it and prune it.
 
 This module parses the arguments, runs the subcommand they name (``reading``: ``ls``, ``show``,
-``stats``; ``maintenance``: ``verify``, ``rm``, ``prune``, ``cp``; ``fingerprint``; ``doctor``;
+``stats``; ``maintenance``: ``verify``, ``rm``, ``prune``, ``cp``; ``fingerprint``;
+``explain``; ``doctor``;
 ``caches``: ``cache pull``, ``cache push``) and turns every failure into one line,
 ``plancache: error: ...``, and exit status 2; ``--debug`` adds the traceback (secrets and
 keys masked).
@@ -26,6 +27,7 @@ from plancache import _background as background
 from plancache._command.caches import add_cache_command
 from plancache._command.display import echo
 from plancache._command.doctor import cmd_doctor
+from plancache._command.explain import NEAREST, cmd_explain
 from plancache._command.fingerprint import cmd_fingerprint
 from plancache._command.maintenance import cmd_cp, cmd_prune, cmd_rm, cmd_verify
 from plancache._command.reading import SORT_KEYS, cmd_ls, cmd_show, cmd_stats
@@ -73,6 +75,8 @@ _COMMAND_HELP = {
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
     "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
+    "explain": "why a node's factors found no plan: the stored plans nearest to them, each "
+    "with the factors that differ (stored value and the node's)",
     "doctor": "check a store (reachability, credentials, permissions, whether it honours "
     "conditional writes, clock skew) and this node (signing, local directories, vLLM); "
     "exit 1 if anything is found",
@@ -90,6 +94,17 @@ def parse_duration(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 45m or 10s")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _positive(text: str) -> int:
+    """A count of 1 or more, for ``argparse``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of 1 or more")
+    return value
 
 
 def parse_timeout_argument(text: str) -> float:
@@ -224,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("fingerprint", cmd_fingerprint)
     p.add_argument("factors", metavar="FACTORS.json", help="a JSON file of factors, - for stdin")
+
+    url(p := command("explain", cmd_explain))
+    p.add_argument(
+        "--factors",
+        required=True,
+        metavar="FILE",
+        help="the node's factors: a JSON object, a record (show --json) or the file the vLLM "
+        "plugin writes on a miss; - for stdin",
+    )
+    p.add_argument(
+        "--limit", type=_positive, default=NEAREST, metavar="N", help="plans listed (default 5)"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_cache_command(sub, common)
     return parser

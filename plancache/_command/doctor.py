@@ -38,6 +38,7 @@ from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, s
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
 from plancache._config import Settings, keyring_from_env, parse_storage_options
+from plancache._defaults import EXPLAIN_DIR
 from plancache._forwarding import ForwardingLayer, beneath
 from plancache._keys import plan_object_name
 from plancache._objects import ObjectLayer
@@ -211,6 +212,27 @@ class _Doctor:
             ("verdicts dir", root / VERDICTS_DIR),
         ):
             self.add("node", name, *directory(path))
+        self.misses(root / EXPLAIN_DIR)
+
+    def misses(self, where: Path) -> None:
+        """The plan lookups of this node that missed (the factors the vLLM plugin kept) and
+        the command that names, for the newest, the factors that differ from stored plans."""
+        try:
+            kept = [(p.stat().st_mtime, p) for p in where.glob("*.json") if p.is_file()]
+        except OSError:
+            kept = []
+        if not kept:
+            self.add("node", "misses", "info", "none kept (the plugin keeps a miss's factors)")
+            return
+        newest = max(kept)[1]
+        store = without_userinfo(self.settings.url)
+        self.add(
+            "node",
+            "misses",
+            "info",
+            f"{plural(len(kept), 'missed lookup')} kept in {where}; why the newest missed: "
+            f"plancache explain {store} --factors {newest}",
+        )
 
     def vllm(self) -> None:
         try:

@@ -4,6 +4,7 @@ on 127.0.0.1, and on a local store; exit 0 all good, 1 findings, 2 could not run
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from plancache._backends import open_layer
 from plancache._backends._remote import RemoteStore
 from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR
+from plancache._defaults import EXPLAIN_DIR
+from plancache.integrations.vllm.factors import keep_for_explain
 from plancache.testing import child_env
 from plancache.testing.hostile import FaultyProxy, LyingProxy, SilentServer, writes
 from plancache.testing.servers import CountingProxy
@@ -99,6 +102,31 @@ def test_node_checks_on_a_local_store(tmp_path: Path) -> None:
     aot_off = run("doctor", str(store), "--json", env={**env, "VLLM_USE_AOT_COMPILE": "0"})
     kind = status(json.loads(aot_off.stdout), "compile artifacts")
     assert kind == ("info", "off: VLLM_USE_AOT_COMPILE=0 (vLLM saves no AOT artifact)")
+    both = {**env, "VLLM_USE_AOT_COMPILE": "0", "VLLM_DISABLE_COMPILE_CACHE": "1"}
+    kind = status(
+        json.loads(run("doctor", str(store), "--json", env=both).stdout), "compile artifacts"
+    )
+    assert kind == (  # unsetting one of them is not enough: both are named
+        "info",
+        "off: VLLM_DISABLE_COMPILE_CACHE=1 (vLLM keeps no compile cache); "
+        "VLLM_USE_AOT_COMPILE=0 (vLLM saves no AOT artifact)",
+    )
+
+
+def test_doctor_points_to_explain_for_the_newest_miss(tmp_path: Path) -> None:
+    env = child_env(VLLM_CACHE_ROOT=str(tmp_path), PLANCACHE_URL=str(tmp_path / "plans"))
+    report = json.loads(run("doctor", "--json", env=env).stdout)
+    assert status(report, "misses")[1].startswith("none kept")
+    local = tmp_path / "plans"  # the node's local directory: its local store
+    for at, fp in enumerate(("b" * 64, "a" * 64)):
+        newest = keep_for_explain(local, fp, {"rank": 0}, {})
+        os.utime(newest, (1e9 + at, 1e9 + at))
+    report = json.loads(run("doctor", "--json", env=env).stdout)
+    assert status(report, "misses") == (
+        "info",
+        f"2 missed lookups kept in {local / EXPLAIN_DIR}; why the newest missed: "
+        f"plancache explain {tmp_path / 'plans'} --factors {newest}",
+    )
 
 
 def test_no_secret_in_the_report(s3_spec: RemoteSpec, tmp_path: Path) -> None:

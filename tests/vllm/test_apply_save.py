@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import orjson
 import pytest
 
 import plancache.integrations.vllm as plugin
-from plancache import Plan, PlanCache, PlanStore
+from plancache import Plan, PlanCache, PlanStore, fingerprint
 from plancache._backends.local import LocalStore
+from plancache._defaults import EXPLAIN_DIR
 from plancache.integrations.vllm import BootMode, apply
 from plancache.testing import GiB
 from tests.vllm.support import booted, key_of, stored
@@ -27,6 +29,25 @@ def test_miss_profiles_and_saves(gpu: ModuleType, store_dir: Path) -> None:
     assert plan.fingerprint == key
     assert (plan.max_kv_cache_memory_bytes, plan.min_free_memory_baseline) == (30 * GiB, 80 * GiB)
     assert getattr(worker, apply.STATE_ATTR).mode == "profiling"
+
+
+def test_a_miss_keeps_its_factors_and_names_the_explain_command(
+    gpu: ModuleType, store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = gpu.Worker(free_memory=80 * GiB, profiled_kv=30 * GiB)
+    key = key_of(worker)
+    with caplog.at_level(logging.INFO, logger="plancache"):
+        booted(worker)
+    kept = store_dir / EXPLAIN_DIR / f"{key}.json"  # the store is the node's local directory
+    assert f"`plancache explain {store_dir} --factors {kept}` names what differs" in caplog.text
+    deadline = time.monotonic() + 10
+    while not kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fingerprint(orjson.loads(kept.read_bytes())["factors"]) == key
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="plancache"):
+        booted(gpu.Worker(free_memory=80 * GiB))  # a hit: nothing to explain
+    assert "plancache explain" not in caplog.text
 
 
 def test_hit_skips_profiling_with_the_profiled_kv(gpu: ModuleType) -> None:

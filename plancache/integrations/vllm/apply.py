@@ -16,14 +16,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache import _background as background
 from plancache._background import Job
 from plancache._cache import Decision, PendingLookup, PlanCache, Recorded
+from plancache._defaults import EXPLAIN_DIR
 from plancache._gate import Budget, implausible
 from plancache._keys import Scalar
 from plancache._observation import Observation
+from plancache._reasons import Reason
+from plancache._redaction import without_userinfo
 from plancache._switches import enabled
 from plancache._units import gib_text
 from plancache.errors import ConfigError
@@ -31,6 +35,7 @@ from plancache.integrations.vllm.agreement import Tally, Vote, agree
 from plancache.integrations.vllm.factors import (
     WorkerFactors,
     as_scalars,
+    keep_for_explain,
     worker_factors,
     worker_labels,
 )
@@ -348,6 +353,24 @@ def _retract_implausible(boot: Boot, decision: Decision, budget: Budget) -> None
         retract.retract(decision.fingerprint, observation)
 
 
+def _explain(boot: Boot) -> str:
+    """On a miss, where its factors are kept (written on a daemon thread: ``keep_for_explain``)
+    and the command that names what differs from the stored plans; else ""."""
+    decision, factors = boot.decision, boot.factors
+    if decision is None or decision.reason is not Reason.MISS or not decision.fingerprint:
+        return ""
+    if factors is None or _env_settings is None:
+        return ""
+    settings = _env_settings
+    path = Path(settings.local_dir) / EXPLAIN_DIR / f"{decision.fingerprint}.json"
+    keep = functools.partial(
+        keep_for_explain, settings.local_dir, decision.fingerprint, factors, boot.labels
+    )
+    background.start(functools.partial(safely, keep), "plancache-explain")
+    store = without_userinfo(settings.url)
+    return f"; `plancache explain {store} --factors {path}` names what differs"
+
+
 def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
     rank = getattr(worker, "rank", "?")
     agreement = f"; {tally.describe()}" if tally.size > 1 else ""
@@ -395,4 +418,6 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
             why = "no crash mark could be written, so the plan is not applied"
         elif _config_error is not None:
             why = "plancache is off: configuration error"
-        log.info("plancache: rank %s profiles (%s) fp=%s%s", rank, why, fp, agreement)
+        log.info(
+            "plancache: rank %s profiles (%s) fp=%s%s%s", rank, why, fp, agreement, _explain(boot)
+        )

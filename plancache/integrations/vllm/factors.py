@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TypedDict, cast
 
+import orjson
+
+from plancache._defaults import EXPLAIN_DIR
 from plancache._keys import Scalar
 from plancache._plan import DEVICE_FACTOR, MAX_LABEL_TEXT, MODEL_LABEL
 from plancache.integrations.vllm.worker import WorkerLike
@@ -160,6 +165,38 @@ def worker_labels(worker: WorkerLike) -> dict[str, Scalar]:
         else:
             labels[label] = str(value).removeprefix("torch.")[:MAX_LABEL_TEXT]
     return labels
+
+
+MAX_EXPLAINED = 64
+"""Most factor files kept there (the oldest go first)."""
+
+
+def keep_for_explain(
+    local_dir: str | os.PathLike[str],
+    fp: str,
+    factors: Mapping[str, object],
+    labels: Mapping[str, Scalar],
+) -> Path:
+    """Write ``{"factors", "labels"}`` of a miss as ``<local_dir>/explain/<fp>.json``
+    (``plancache explain STORE --factors`` reads it): atomic (temp file, rename), the
+    directory this user's only (0700), at most ``MAX_EXPLAINED`` files kept. The path;
+    raises ``OSError``."""
+    directory = Path(local_dir) / EXPLAIN_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = directory / f"{fp}.json"
+    data = orjson.dumps({"factors": dict(factors), "labels": dict(labels)})
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    kept = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in kept[MAX_EXPLAINED:]:
+        old.unlink(missing_ok=True)
+    return target
 
 
 def as_scalars(factors: Mapping[str, object]) -> Mapping[str, Scalar]:
