@@ -70,6 +70,9 @@ def _metrics() -> dict[str, Any] | None:
                     "plancache_seconds_lost", "seconds fetches given up cost", ["kind", "model"]
                 ),
                 "bytes": p.Counter("plancache_bytes", "bytes moved", ["kind", "direction"]),
+                "rebuilt": p.Counter(
+                    "plancache_rebuilt", "built anyway after shared state was installed", ["kind"]
+                ),
                 "left_out": p.Counter(
                     "plancache_left_out", "files an upload left out", ["kind", "why"]
                 ),
@@ -123,6 +126,13 @@ def moved(kind: str, direction: str, n: int) -> None:
     """Add ``n`` bytes ``fetched`` or ``uploaded``."""
     if n > 0:
         _safely("bytes", {"kind": kind, "direction": direction}, "inc", n)
+
+
+def rebuilt(kind: str, n: int) -> None:
+    """Count ``n`` things of ``kind`` a process built although it had installed shared ones
+    (kernels compiled after a bundle was installed)."""
+    if n > 0:
+        _safely("rebuilt", {"kind": kind}, "inc", n)
 
 
 def left_out(kind: str, why: str, n: int) -> None:

@@ -16,6 +16,10 @@ reads or writes), plus:
   ``PLANCACHE_COMPILE_TIMEOUT`` seconds; past it, or on any failure (logged), Triton compiles
   what it lacks, as without plancache (a pull still running installs nothing over a file
   Triton wrote);
+- **rebuilt anyway**: a kernel this process compiled (Triton stored its group file) after its
+  pull installed bundles is counted; at the push, one WARNING names how many and which,
+  with the likely causes, and the metric ``plancache_rebuilt_total{kind="triton"}`` counts
+  them;
 - **push**: at the process's exit (``atexit``), the kernels this process compiled or used
   (their key directories) that no bundle it pulled holds are stored as one bundle
   (``CacheShare.push``), waited for at most ``PLANCACHE_COMPILE_EXIT_WAIT`` seconds, then
@@ -45,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from plancache import _background as background
+from plancache import _metrics as metrics
+from plancache._artifacts.archive import GROUP_PREFIX
 from plancache._background import Job
 from plancache._parse import parse_bool
 from plancache.caches import CachePushed, CacheShare, GeneratedCache, triton_cache
@@ -85,6 +91,10 @@ class _Session:
         """Paths the pulled bundles hold, and those pushed since: never pushed again."""
         self.touched: set[str] = set()
         """Key directories this process wrote or found a kernel in, not pushed yet."""
+        self.bundles = 0
+        """Bundles the pull read: compiles after it are counted (``compiled``)."""
+        self.compiled: list[tuple[str, str]] = []
+        """(key, group file) of each kernel compiled once the pull had read bundles."""
         self.deadline = time.monotonic() + share.fetch_timeout
         self.pulling: Job[None] = background.start(self._pull, "plancache-triton-pull")
         self.warned = False
@@ -100,6 +110,7 @@ class _Session:
             return
         with self.lock:
             self.known |= fetched.known
+            self.bundles = fetched.bundles
         log.info(
             "plancache: triton cache: %s, %d bundles, %d files installed (%.3f s)",
             fetched.reason,
@@ -125,9 +136,40 @@ class _Session:
         with self.lock:
             self.touched.add(key)
 
+    def stored(self, key: str, filename: str) -> None:
+        """Triton stored ``filename`` under ``key``: a group file is a kernel compiled here."""
+        with self.lock:
+            self.touched.add(key)
+            if self.bundles and filename.startswith(GROUP_PREFIX):
+                self.compiled.append((key, filename))
+
+    def report_rebuilt(self) -> int:
+        """One WARNING (and the metric) for the kernels compiled after bundles were
+        installed, not reported yet; how many."""
+        with self.lock:
+            compiled, self.compiled = self.compiled, []
+            bundles = self.bundles
+        if not compiled:
+            return 0
+        names = sorted(
+            {name.removeprefix(GROUP_PREFIX).removesuffix(".json") for _, name in compiled}
+        )
+        log.warning(
+            "plancache: triton cache: %d kernels compiled although %d bundles were installed "
+            "(%s): no pulled bundle holds their keys; likely a kernel not shared yet, or a "
+            "setting in Triton's key that differs between the nodes (TRITON_* variables, the "
+            "Triton, CUDA or driver version)",
+            len(compiled),
+            bundles,
+            ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
+        )
+        metrics.rebuilt("triton", len(compiled))
+        return len(compiled)
+
     def push(self) -> CachePushed | None:
         """Store the files of the touched key directories that no pulled or pushed bundle
         holds, as one bundle; None where nothing was touched. Raises what ``push`` raises."""
+        self.report_rebuilt()
         with self.lock:
             touched, cache = set(self.touched), self.cache
         if not touched:
@@ -309,7 +351,7 @@ def _define() -> type:
         def put(self, data: Any, filename: str, binary: bool = True) -> str:
             path: str = super().put(data, filename, binary=binary)
             if self._plancache is not None:
-                self._plancache.touch(self.key)
+                self._plancache.stored(self.key, filename)
             return path
 
     CacheManager.__module__ = __name__

@@ -55,11 +55,13 @@ def _node(
         [sys.executable, str(NODE), "--kernels", str(kernels), *args],
         env=child_env(
             [REPO],
-            TRITON_DEFAULT_FP_FUSION="1",
-            TRITON_CACHE_DIR=str(root / "triton"),
-            VLLM_CACHE_ROOT=str(root / "vllm"),
-            **settings,
-            **env,
+            **{
+                "TRITON_DEFAULT_FP_FUSION": "1",
+                "TRITON_CACHE_DIR": str(root / "triton"),
+                "VLLM_CACHE_ROOT": str(root / "vllm"),
+                **settings,
+                **env,
+            },
         ),
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -110,12 +112,22 @@ def test_a_second_process_compiles_no_kernel_and_gets_the_same_binaries(
     assert (second["compiled"], second["hits"]) == (0, KERNELS), second["log"][-3000:]
     assert second["cubins"] == first["cubins"]
     assert "triton cache: hit, 1 bundles" in second["log"]
+    assert "compiled although" not in second["log"]  # every shared kernel was used
     assert len(_bundles(store)) == 1  # it added nothing: nothing written
     third = _node(tmp_path / "third", store, KERNELS + 1)  # one kernel more
     assert (third["compiled"], third["hits"]) == (1, KERNELS), third["log"][-3000:]
+    assert (  # the one kernel no bundle held, named as built anyway
+        "1 kernels compiled although 1 bundles were installed (matmul)" in third["log"]
+    ), third["log"][-3000:]
     assert len(_bundles(store)) == 2  # what it added, and only that
     fourth = _node(tmp_path / "fourth", store, KERNELS + 1)
     assert (fourth["compiled"], fourth["hits"]) == (0, KERNELS + 1), fourth["log"][-3000:]
+    # a setting in Triton's key differs: every kernel is built again, and counted
+    fifth = _node(tmp_path / "fifth", store, KERNELS + 1, TRITON_DEFAULT_FP_FUSION="0")
+    assert fifth["compiled"] == KERNELS + 1, fifth["log"][-3000:]
+    assert (
+        f"{KERNELS + 1} kernels compiled although 2 bundles were installed (matmul)" in fifth["log"]
+    ), fifth["log"][-3000:]
 
 
 def test_bundles_no_accepted_key_signed_are_refused_and_triton_compiles(tmp_path: Path) -> None:
