@@ -210,16 +210,19 @@ class PlanCache:
         *,
         budget: Budget | None = None,
         avoid: Collection[str] = (),
+        compiles: bool | None = None,
     ) -> Decision:
         """The KV-cache size to apply for ``factors`` now, or a miss with its reason.
 
         ``budget``: what this boot may use (``plancache._gate.Budget``); an observation whose
         KV cache exceeds requested memory minus the weights is never applied, and a smaller
         plausible one of the same record is applied instead. ``avoid``: digests of
-        observations not to apply (``Breaker.avoided``). A tiered store keeps looking in the
-        remote while the local tier's record has nothing the gate accepts."""
+        observations not to apply (``Breaker.avoided``). ``compiles``: True if this boot
+        compiles during profiling (then provisional observations apply too), None if not
+        known (``plancache._gate``). A tiered store keeps looking in the remote while the
+        local tier's record has nothing the gate accepts."""
         pending = self.start_lookup(factors, current_free_memory, avoid=avoid, budget=budget)
-        return pending.result(self.timeout, budget=budget)
+        return pending.result(self.timeout, budget=budget, compiles=compiles)
 
     def start_lookup(
         self,
@@ -286,10 +289,12 @@ class PlanCache:
         kv_cache_memory_bytes: int,
         free_memory_baseline: int,
         labels: Mapping[str, Scalar] | None = None,
+        provisional: bool = False,
     ) -> Recorded:
         """Store the outcome of a profiled boot under ``fingerprint(factors)`` as one
         observation, merged into the record's frontier (``labels``: descriptive, never part
-        of the key). Bounded by the time budget; never raises."""
+        of the key; ``provisional``: the boot compiled during profiling, so only boots that
+        compile apply it). Bounded by the time budget; never raises."""
         start = time.perf_counter()
         fp: str | None = None
         outcome: PutOutcome | None = None
@@ -302,6 +307,7 @@ class PlanCache:
                 free_memory_baseline=free_memory_baseline,
                 producer={"host": os.uname().nodename, "plancache": __version__},
                 labels=labels,
+                provisional=provisional,
             )
             plan.encode()
         except Exception as exc:  # whatever the caller's values raise
@@ -323,11 +329,12 @@ class PlanCache:
         level = logging.INFO if outcome is not None else logging.WARNING
         log.log(
             level,
-            "plancache: record %s fp=%s kv=%s baseline=%s in %.1f ms%s",
+            "plancache: record %s fp=%s kv=%s baseline=%s%s in %.1f ms%s",
             reason.value,
             _short(fp),
             _gib(kv_cache_memory_bytes),
             _gib(free_memory_baseline),
+            " provisional (compiled during profiling)" if provisional else "",
             result.seconds * 1e3,
             f": {detail}" if detail else "",
         )
@@ -378,10 +385,13 @@ class PendingLookup:
         """True once the fetch has finished (found, missed or failed)."""
         return self._fetch is None or self._fetch.done()
 
-    def result(self, wait: float, *, budget: Budget | None = None) -> Decision:
+    def result(
+        self, wait: float, *, budget: Budget | None = None, compiles: bool | None = None
+    ) -> Decision:
         """The decision, waiting at most ``wait`` seconds for the fetch (a ``timeout`` miss
-        past it), gated by free memory, ``budget`` (see ``PlanCache.lookup``) and the
-        observations to avoid. The first call decides; later calls return the same one."""
+        past it), gated by free memory, ``budget``, ``compiles`` (see ``PlanCache.lookup``)
+        and the observations to avoid. The first call decides; later calls return the same
+        one."""
         if self._decision is not None:
             return self._decision
         plan: Plan | None = None
@@ -398,7 +408,9 @@ class PendingLookup:
                 if plan is None:
                     reason = Reason.MISS
                 else:
-                    chosen, reason = gate(plan, self.current_free_memory, budget, self.avoid)
+                    chosen, reason = gate(
+                        plan, self.current_free_memory, budget, self.avoid, compiles
+                    )
                     if reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN):
                         detail = _budget_detail(plan, self.current_free_memory, budget)
         kv = None if chosen is None else chosen.kv_cache_memory_bytes
@@ -443,6 +455,8 @@ def _log_lookup(d: Decision, current_free_memory: object) -> None:
             f" free={_gib(current_free_memory)} observations={len(d.plan.observations)}"
             f" lowest-baseline={_gib(d.plan.min_free_memory_baseline)}"
         )
+        if d.plan.provisional:
+            extra += f" provisional={len(d.plan.provisional)}"
     suspicious = d.reason in (Reason.EXCEEDS_BUDGET, Reason.BUDGET_UNKNOWN, Reason.CRASHED_BEFORE)
     quiet = d.reason in (Reason.HIT, Reason.MISS) or (
         d.reason.startswith("gate") and not suspicious

@@ -9,6 +9,13 @@ Two rules, both required of the observation applied:
   weights, ``kv_cache_memory_bytes <= requested_memory - weights_memory``. A larger KV size
   cannot be what a profiled boot of this model allocated, whatever the record claims.
 
+Provisional observations (``Plan.provisional``: measured by a boot that compiled during
+profiling, whose temporaries shrank its KV cache) are candidates only for a boot that
+compiles too (``compiles=True``); a boot that loads compiled code, or does not know yet
+(``None``), profiles instead where only a provisional one would pass
+(``gate:provisional``), and its profile is the warm observation that every later node
+applies.
+
 Of the observations that pass both, the largest KV cache is applied. A frontier's KV sizes
 grow with its baselines, so when the best point by free memory is implausible the gate falls
 back to a smaller plausible point of the same record. Doubt always means "profile": a
@@ -55,17 +62,37 @@ def gate(
     current_free_memory: int,
     budget: Budget | None = None,
     avoid: Collection[str] = (),
+    compiles: bool | None = None,
 ) -> tuple[Observation | None, Reason]:
     """(observation to apply or None, reason): the largest KV cache among the observations
-    whose baseline the free memory covers, whose digest is not in ``avoid`` (observations a
-    crashed boot applied) and that fit the ``budget``. The reason names the first rule that
-    left nothing: ``gate:free-memory-unknown``/``-below-baseline``, ``gate:crashed-before``,
-    ``gate:budget-unknown``/``exceeds-budget``."""
+    (provisional ones too where ``compiles`` is True) whose baseline the free memory covers,
+    whose digest is not in ``avoid`` (observations a crashed boot applied) and that fit the
+    ``budget``. The reason names the first rule that left nothing:
+    ``gate:free-memory-unknown``/``-below-baseline``, ``gate:crashed-before``,
+    ``gate:budget-unknown``/``exceeds-budget``; ``gate:provisional`` where only a
+    provisional observation would have passed."""
+    if compiles is True:
+        return _gate(plan.observations + plan.provisional, current_free_memory, budget, avoid)
+    found = _gate(plan.observations, current_free_memory, budget, avoid)
+    if found[0] is not None or not plan.provisional:
+        return found
+    other = _gate(plan.provisional, current_free_memory, budget, avoid)
+    if other[0] is not None:
+        return None, Reason.PROVISIONAL
+    return found if plan.observations else other  # its reason names the rule
+
+
+def _gate(
+    points: tuple[Observation, ...],
+    current_free_memory: int,
+    budget: Budget | None,
+    avoid: Collection[str],
+) -> tuple[Observation | None, Reason]:
     if type(current_free_memory) is not int or current_free_memory <= 0:
         return None, Reason.FREE_MEMORY_UNKNOWN
-    if not plan.observations:  # every observation was retracted
+    if not points:  # every observation was retracted
         return None, Reason.MISS
-    fits = [o for o in plan.observations if o.free_memory_baseline <= current_free_memory]
+    fits = [o for o in points if o.free_memory_baseline <= current_free_memory]
     if not fits:
         return None, Reason.BELOW_BASELINE
     if avoid:
@@ -93,7 +120,7 @@ def implausible(plan: Plan, budget: Budget | None) -> list[Observation]:
         return []
     if limit is None:
         return []
-    return [o for o in plan.observations if o.kv_cache_memory_bytes > limit]
+    return [o for o in (*plan.observations, *plan.provisional) if o.kv_cache_memory_bytes > limit]
 
 
 def applicable_kv_cache_memory_bytes(plan: Plan, current_free_memory: int) -> int | None:

@@ -14,6 +14,12 @@ lowest-baseline point (coverage: every node that could apply anything still can)
 largest-KV point are never dropped. Points equal in both numbers keep the one whose canonical
 encoding sorts first, so every writer picks the same.
 
+Provisional observations (``Plan.provisional``: measured by boots that compiled during
+profiling) form a second frontier, bounded by ``MAX_PROVISIONAL``, merged the same way, minus
+every point that a (warm) observation of the merged record covers: a boot that compiles may
+apply either kind, so a warm point at least as good makes the provisional one redundant,
+while no provisional point ever drops a warm one.
+
 Retraction: a record's tombstones (``Plan.retracted``) name observations that must never be
 applied again. The merge takes the union of both records' tombstones (a digest in both keeps
 its latest retraction time; past ``MAX_TOMBSTONES`` the ones retracted longest ago are dropped,
@@ -44,7 +50,7 @@ import orjson
 
 from plancache._keys import Scalar
 from plancache._observation import Observation, Tombstone
-from plancache._plan import MAX_LABELS, MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
+from plancache._plan import MAX_LABELS, MAX_OBSERVATIONS, MAX_PROVISIONAL, MAX_TOMBSTONES, Plan
 
 
 def at_least_as_good(a: Observation, b: Observation) -> bool:
@@ -129,19 +135,30 @@ def tombstones(
 def merge(stored: Plan, new: Plan, *, now: float | None = None) -> Plan:
     """The record that holds both: the union of their tombstones (``tombstones``, judged at
     ``now``, default the current time), the frontier of their observations that no kept
-    tombstone names, and their labels merged. Commutative and idempotent (see the module
-    docstring); ``ValueError`` for records of different keys."""
+    tombstone names, the frontier of their provisional ones that no kept tombstone names
+    and no kept observation covers, and their labels merged. Commutative and idempotent
+    (see the module docstring); ``ValueError`` for records of different keys."""
     if stored.fingerprint != new.fingerprint:
         raise ValueError("cannot merge records of different fingerprints")
     tombs = tombstones((*stored.retracted, *new.retracted), now=now)
     dead = {t.observation for t in tombs}
     alive = (o for o in (*stored.observations, *new.observations) if o.digest not in dead)
+    warm = frontier(alive)
+    provisional = frontier(
+        (
+            o
+            for o in (*stored.provisional, *new.provisional)
+            if o.digest not in dead and not covers(warm, o)
+        ),
+        MAX_PROVISIONAL,
+    )
     return Plan(
         stored.fingerprint,
         stored.factors,
-        frontier(alive),
+        warm,
         merge_labels(stored.labels, new.labels),
         retracted=tombs,
+        provisional=provisional,
     )
 
 
@@ -161,4 +178,5 @@ def retract(plan: Plan, observation: Observation, at: float, *, now: float | Non
         tuple(o for o in plan.observations if o.digest != mine.observation),
         plan.labels,
         retracted=tuple(sorted(tombs, key=lambda t: t.observation)),
+        provisional=tuple(o for o in plan.provisional if o.digest != mine.observation),
     )

@@ -17,6 +17,13 @@ under the key ``keyid`` names. This module only carries it; ``plancache._signing
 checks it. ``Plan.signature`` takes no part in equality: two records with the same content
 are equal however (or whether) they are signed.
 
+Provisional observations (``provisional``, written only when the record holds some): what
+boots that compiled during their profiling measured (vLLM #54122: compile and autotuning
+temporaries are charged as activation memory, so such a boot allocates less KV cache than a
+warm one). A second frontier of at most ``MAX_PROVISIONAL`` points, applied only by boots
+that compile too (``plancache._gate``); a reader that does not know the field ignores it, as
+every unknown top-level field, and so never applies one.
+
 Tombstones (``retracted``): a retracted observation is removed from the record and named by a
 tombstone (its digest, its ``created_at`` and when it was retracted), so that merging an older
 copy never brings it back (see ``plancache._merge``). A record whose every observation was
@@ -59,6 +66,8 @@ MAX_RECORD_BYTES = 64 * 1024
 """Largest encoded record accepted; readers fetch at most this plus one byte."""
 MAX_OBSERVATIONS = 32
 """Most observations a record keeps (see ``plancache._merge.frontier`` for which)."""
+MAX_PROVISIONAL = 8
+"""Most provisional observations a record keeps (its second frontier)."""
 MAX_TOMBSTONES = 32
 """Most tombstones a record keeps (see ``plancache._merge.tombstones`` for which)."""
 MAX_LABELS = 16
@@ -128,8 +137,10 @@ class Plan:
     ``observations`` is a frontier sorted by baseline: baselines and KV sizes both strictly
     increase, so no observation dominates another and the first applies on the most nodes.
     ``schema`` is the schema the record was read as (``LEGACY_SCHEMA`` or ``SCHEMA``);
-    ``encode`` always writes ``SCHEMA``. ``retracted``: tombstones sorted by digest, none
-    naming an observation of the record; a record without observations holds at least one.
+    ``encode`` always writes ``SCHEMA``. ``provisional``: a second frontier, of what boots
+    that compiled during profiling measured (at most ``MAX_PROVISIONAL``). ``retracted``:
+    tombstones sorted by digest, none naming an observation of the record; a record without
+    observations holds provisional ones or at least one tombstone.
     ``signature``: carried as read (``Plan.decode``) or made by ``plancache._signing``; never
     compared, and dropped by everything that builds a new record (merge, ``keeping``).
     """
@@ -141,6 +152,7 @@ class Plan:
     schema: int = SCHEMA
     retracted: tuple[Tombstone, ...] = ()
     signature: Signature | None = field(default=None, compare=False)
+    provisional: tuple[Observation, ...] = ()
     decoded: InitVar[bool] = False
     """Set by ``decode`` only: ``factors`` is what ``orjson.loads`` returned (checked alike,
     with fewer steps: see ``check_factors``), and the tuples of parts and the signature are
@@ -152,34 +164,41 @@ class Plan:
         factors, key = checked_fingerprint(self.factors, decoded=decoded is True)
         if not isinstance(self.fingerprint, str) or self.fingerprint != key:
             raise InvalidPlanError("fingerprint does not match the sha256 of the factors")
-        obs, tombs = self.observations, self.retracted
+        obs, tombs, prov = self.observations, self.retracted, self.provisional
         if decoded is not True:  # decode builds its tuples of parts itself
-            if not isinstance(obs, tuple) or not all(isinstance(o, Observation) for o in obs):
-                raise InvalidPlanError("observations must be a tuple of Observation")
+            for name, points in (("observations", obs), ("provisional", prov)):
+                if not isinstance(points, tuple) or not all(
+                    isinstance(o, Observation) for o in points
+                ):
+                    raise InvalidPlanError(f"{name} must be a tuple of Observation")
             if not isinstance(tombs, tuple) or not all(isinstance(t, Tombstone) for t in tombs):
                 raise InvalidPlanError("retracted must be a tuple of Tombstone")
             if self.signature is not None and not isinstance(self.signature, Signature):
                 raise InvalidPlanError("signature must be a Signature or None")
-        if len(obs) > MAX_OBSERVATIONS or not (obs or tombs):
+        if len(obs) > MAX_OBSERVATIONS or not (obs or tombs or prov):
             raise InvalidPlanError(
-                f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with tombstones)"
+                f"a record holds 1..{MAX_OBSERVATIONS} observations (0 only with provisional "
+                "ones or tombstones)"
             )
+        if len(prov) > MAX_PROVISIONAL:
+            raise InvalidPlanError(f"a record holds at most {MAX_PROVISIONAL} provisional ones")
         if tombs:
             if len(tombs) > MAX_TOMBSTONES:
                 raise InvalidPlanError(f"a record holds at most {MAX_TOMBSTONES} tombstones")
             if any(a.observation >= b.observation for a, b in itertools.pairwise(tombs)):
                 raise InvalidPlanError("tombstones are not sorted by digest without repeats")
             dead = {t.observation for t in tombs}
-            if any(o.digest in dead for o in obs):
+            if any(o.digest in dead for o in (*obs, *prov)):
                 raise InvalidPlanError("a record holds an observation it also retracted")
-        for low, high in itertools.pairwise(obs):
-            if not (
-                low.free_memory_baseline < high.free_memory_baseline
-                and low.kv_cache_memory_bytes < high.kv_cache_memory_bytes
-            ):
-                raise InvalidPlanError(
-                    "observations are not a frontier sorted by baseline (one dominates another)"
-                )
+        for name, points in (("observations", obs), ("provisional", prov)):
+            for low, high in itertools.pairwise(points):
+                if not (
+                    low.free_memory_baseline < high.free_memory_baseline
+                    and low.kv_cache_memory_bytes < high.kv_cache_memory_bytes
+                ):
+                    raise InvalidPlanError(
+                        f"{name} are not a frontier sorted by baseline (one dominates another)"
+                    )
         object.__setattr__(self, "factors", MappingProxyType(factors))
         object.__setattr__(self, "labels", _labels(self.labels))
 
@@ -193,14 +212,18 @@ class Plan:
         producer: Mapping[str, Any] | None = None,
         created_at: float | None = None,
         labels: Mapping[str, Scalar] | None = None,
+        provisional: bool = False,
     ) -> Plan:
-        """A one-observation plan for ``factors``; raises ``InvalidPlanError`` on bad input."""
+        """A one-observation plan for ``factors`` (``provisional``: measured by a boot that
+        compiled during profiling); raises ``InvalidPlanError`` on bad input."""
         observation = Observation(
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             free_memory_baseline=free_memory_baseline,
             created_at=time.time() if created_at is None else created_at,
             producer=producer or {},
         )
+        if provisional:
+            return cls(fingerprint(factors), factors, (), labels or {}, provisional=(observation,))
         return cls(fingerprint(factors), factors, (observation,), labels or {})
 
     # -- the frontier's extremes and newest point, for listings ---------------------------
@@ -238,8 +261,11 @@ class Plan:
 
     @property
     def newest(self) -> Observation | None:
-        """The most recently created observation (None in a record of tombstones only)."""
-        return max(self.observations, key=lambda o: o.created_at, default=None)
+        """The most recently created observation, provisional ones included (None in a
+        record of tombstones only)."""
+        return max(
+            (*self.observations, *self.provisional), key=lambda o: o.created_at, default=None
+        )
 
     @property
     def created_at(self) -> float:
@@ -253,13 +279,16 @@ class Plan:
         keep: Callable[[Observation], bool],
         keep_tombstone: Callable[[Tombstone], bool] = lambda t: True,
     ) -> Plan | None:
-        """This record with only the observations ``keep`` and the tombstones
-        ``keep_tombstone`` accept; None if neither is left."""
+        """This record with only the observations (provisional ones too) ``keep`` and the
+        tombstones ``keep_tombstone`` accept; None if nothing is left."""
         kept = tuple(o for o in self.observations if keep(o))
+        prov = tuple(o for o in self.provisional if keep(o))
         tombs = tuple(t for t in self.retracted if keep_tombstone(t))
-        if not (kept or tombs):
+        if not (kept or prov or tombs):
             return None
-        return Plan(self.fingerprint, self.factors, kept, self.labels, retracted=tombs)
+        return Plan(
+            self.fingerprint, self.factors, kept, self.labels, retracted=tombs, provisional=prov
+        )
 
     def signed(self, signature: Signature | None) -> Plan:
         """This record carrying ``signature`` (None: unsigned); the content is unchanged."""
@@ -267,13 +296,18 @@ class Plan:
 
     # -- encoding -------------------------------------------------------------------------
     def _body(self) -> dict[str, Any]:
-        return {
+        body = {
             "schema": SCHEMA,
             "fingerprint": self.fingerprint,
             "factors": dict(self.factors),
             "observations": [o.to_dict() for o in self.observations],
             "labels": dict(self.labels),
-        } | ({"retracted": [t.to_dict() for t in self.retracted]} if self.retracted else {})
+        }
+        if self.provisional:
+            body["provisional"] = [o.to_dict() for o in self.provisional]
+        if self.retracted:
+            body["retracted"] = [t.to_dict() for t in self.retracted]
+        return body
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON-ready data (always in schema ``SCHEMA``), its signature
@@ -334,6 +368,7 @@ class Plan:
             raise InvalidPlanError("record's fingerprint does not match the key it is stored under")
         observations: tuple[Observation, ...]
         tombs: tuple[Tombstone, ...] = ()
+        provisional: tuple[Observation, ...] = ()
         signature = None
         if schema == LEGACY_SCHEMA:
             observations = (Observation.from_dict(obj),)
@@ -341,6 +376,10 @@ class Plan:
             if type(obj["observations"]) is not list:
                 raise InvalidPlanError("observations must be a JSON array")
             observations = tuple(map(Observation.from_dict, obj["observations"]))
+            if "provisional" in obj:
+                if type(obj["provisional"]) is not list:
+                    raise InvalidPlanError("provisional must be a JSON array")
+                provisional = tuple(map(Observation.from_dict, obj["provisional"]))
             if "retracted" in obj:
                 if type(obj["retracted"]) is not list:
                     raise InvalidPlanError("retracted must be a JSON array")
@@ -356,9 +395,10 @@ class Plan:
             "schema": schema,
             "retracted": tombs,
             "signature": signature,
+            "provisional": provisional,
         }
         plan = build(cls, fields, type(factors) is dict)
-        if not (observations or any(t.believable(now) for t in tombs)):
+        if not (observations or provisional or any(t.believable(now) for t in tombs)):
             raise InvalidPlanError(
                 "record holds no observation and only tombstones dated more than "
                 f"{MAX_CLOCK_SKEW_S:g} s ahead"

@@ -36,6 +36,9 @@ class Reason(enum.StrEnum):
     """Every applicable observation's KV cache exceeds requested memory minus the weights."""
     BUDGET_UNKNOWN = "gate:budget-unknown"
     """The budget's figures are malformed (doubt: profile)."""
+    PROVISIONAL = "gate:provisional"
+    """Only observations of boots that compiled during profiling would apply, and this boot
+    is not known to compile: it profiles once, and its warm observation serves later boots."""
     CRASHED_BEFORE = "gate:crashed-before"
     """The only applicable observations are ones a boot on this node crashed after applying."""
     INVALID = "invalid"

@@ -90,10 +90,14 @@ class _Step(Generic[R]):
 
 def _adds_nothing(stored: Plan, new: Plan, merged: Plan) -> bool:
     """True if merging ``new`` into ``stored`` gives no node anything: every observation of
-    ``new`` is covered by the stored frontier and no tombstone changes (labels, and which of
-    two equal points is kept, are not worth a write)."""
-    return merged.retracted == stored.retracted and all(
-        covers(stored.observations, o) for o in new.observations
+    ``new`` is covered by the stored frontier, every provisional one by either stored
+    frontier, and no tombstone changes (labels, and which of two equal points is kept, are
+    not worth a write)."""
+    held = (*stored.observations, *stored.provisional)
+    return (
+        merged.retracted == stored.retracted
+        and all(covers(stored.observations, o) for o in new.observations)
+        and all(covers(held, o) for o in new.provisional)
     )
 
 
@@ -336,7 +340,8 @@ class PlanStore:
         held: list[bool] = []
 
         def change(plan: Plan) -> Plan:
-            held.append(any(o.digest == observation.digest for o in plan.observations))
+            points = (*plan.observations, *plan.provisional)
+            held.append(any(o.digest == observation.digest for o in points))
             return retract(plan, observation, when)
 
         record = self.rewrite(fp, change)

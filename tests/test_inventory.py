@@ -250,6 +250,7 @@ def test_entry_dict(local: Stocked) -> None:
         "device": "A10G",
         "model": "-",
         "observations": [o.to_dict() for o in b.observations],
+        "provisional": [],
         "max_kv_cache_memory_bytes": b.max_kv_cache_memory_bytes,
         "min_free_memory_baseline": b.min_free_memory_baseline,
         "created_at": b.created_at,

@@ -84,8 +84,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
     verb = "would drop" if args.dry_run else "dropped"
     for p in result.plans:
-        old = sum(inventory.prunable(o.created_at, args.older_than, now) for o in p.observations)
-        echo(f"{verb} {old} of {plural(len(p.observations), 'observation')} {p.fingerprint}")
+        points = (*p.observations, *p.provisional)
+        old = sum(inventory.prunable(o.created_at, args.older_than, now) for o in points)
+        echo(f"{verb} {old} of {plural(len(points), 'observation')} {p.fingerprint}")
     limit = age(args.older_than)
     summary = (
         f"{verb} {plural(result.observations, 'observation')} older than {limit}"

@@ -167,16 +167,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     if p.signature is not None or store.keyring.requires_signature:
         judged = f" ({entry.problem or 'valid'})" if store.keyring.requires_signature else ""
         echo(f"signed       {'no' if p.signature is None else p.signature.keyid}{judged}")
+    if p.provisional:
+        echo(
+            f"provisional  {len(p.provisional)} (measured by boots that compiled during "
+            "profiling: only boots that compile apply them)"
+        )
     rows = [
         [
             gib(o.free_memory_baseline),
             gib(o.kv_cache_memory_bytes),
             when(o.created_at, now),
             " ".join(f"{k}={v}" for k, v in sorted(o.producer.items())) or "-",
+            *(["yes" if o in p.provisional else "no"] if p.provisional else []),
         ]
-        for o in p.observations
+        for o in sorted((*p.observations, *p.provisional), key=lambda o: o.free_memory_baseline)
     ]
-    print_table(["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"], rows, right={0, 1})
+    headers = ["  BASELINE GiB", "KV GiB", "CREATED", "PRODUCER"]
+    print_table([*headers, *(["PROVISIONAL"] if p.provisional else [])], rows, right={0, 1})
     if p.labels:
         echo("labels")
         labels = {printable(k): v for k, v in p.labels.items()}

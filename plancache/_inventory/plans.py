@@ -372,12 +372,16 @@ def prune(
         if (
             e.plan is None
             or e.rejected is not None
-            or (all(map(fresh, e.plan.observations)) and all(map(recent, e.plan.retracted)))
+            or (
+                all(map(fresh, (*e.plan.observations, *e.plan.provisional)))
+                and all(map(recent, e.plan.retracted))
+            )
         ):
             continue
         pruned.append(e.plan)
-        dropped += sum(not fresh(o) for o in e.plan.observations)
-        ahead += sum(o.created_at - at > older_than for o in e.plan.observations)
+        points = (*e.plan.observations, *e.plan.provisional)
+        dropped += sum(not fresh(o) for o in points)
+        ahead += sum(o.created_at - at > older_than for o in points)
         if dry_run:
             deleted += e.plan.keeping(fresh, recent) is None
             continue
@@ -396,7 +400,8 @@ def prune(
 
 def entry_dict(entry: PlanRecord, now: float | None = None) -> dict[str, Any]:
     """``entry`` as a JSON-ready dict: the plan's fields, or the reason it is invalid. A
-    plan's ``observations`` are its points as stored; ``max_kv_cache_memory_bytes`` and
+    plan's ``observations`` are its points as stored, ``provisional`` its second frontier
+    (``Plan.provisional``); ``max_kv_cache_memory_bytes`` and
     ``min_free_memory_baseline`` are the extremes of the frontier (two observations'), and
     ``created_at``, ``age_seconds`` and ``producer`` are the newest observation's."""
     if entry.plan is None:
@@ -413,6 +418,7 @@ def entry_dict(entry: PlanRecord, now: float | None = None) -> dict[str, Any]:
         "device": device(p),
         "model": model(p),
         "observations": [o.to_dict() for o in p.observations],
+        "provisional": [o.to_dict() for o in p.provisional],
         "max_kv_cache_memory_bytes": p.max_kv_cache_memory_bytes,
         "min_free_memory_baseline": p.min_free_memory_baseline,
         "created_at": p.created_at,

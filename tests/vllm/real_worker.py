@@ -12,13 +12,19 @@ methods that read a GPU, ``torch.ones`` inside ``gpu_worker`` (cuBLAS warm-up te
 
 usage: real_worker.py --model-dir DIR [--rank R --world-size N --port P] [--graphs]
     [--load-s S] [--kv-bytes B] [--device-kind cuda|xpu] [--free-gib G] [--save-wait S]
-    [--seed KV BASELINE [--seed-options JSON]] [--die-in-warmup]
+    [--seed KV BASELINE [--seed-options JSON]] [--die-in-warmup] [--compiled [--artifact]]
 ``--seed`` writes a record with this worker's key and one observation (KV and baseline in
 bytes) straight to the store at ``PLANCACHE_URL`` (``--seed-options``, else
 ``PLANCACHE_STORAGE_OPTIONS``; no local tier) before ``load_model``: a record another node
 wrote. ``--die-in-warmup`` prints the report, then SIGKILLs this process inside
 ``compile_or_warm_up_model`` (after the KV cache was allocated): a boot that dies with the
 plan applied.
+``--compiled``: the model is a ``support_torch_compile`` module as vLLM's compile path sees it
+(``do_not_compile`` False, its AOT artifact at the path vLLM computes under
+``VLLM_CACHE_ROOT``); the profile run loads that artifact where it exists, else compiles:
+vLLM's compile counters move, the artifact is written, and the compile's temporaries add a
+transient peak of ``COMPILE_TEMPORARIES`` over the activations (vLLM #54122).
+``--artifact`` puts the artifact in place before ``load_model`` (a node that loads it).
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
@@ -35,6 +41,8 @@ from typing import Any
 from plancache._units import GiB
 
 START = time.perf_counter()
+COMPILE_TEMPORARIES = 8 * GiB
+"""The transient peak a compiling profile run adds (``--compiled`` without an artifact)."""
 
 
 def main() -> None:
@@ -52,6 +60,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, nargs=2, metavar=("KV", "BASELINE"), default=None)
     ap.add_argument("--seed-options", default=None, help="storage options of the seed (JSON)")
     ap.add_argument("--die-in-warmup", action="store_true")
+    ap.add_argument("--compiled", action="store_true", help="a model vLLM compiles")
+    ap.add_argument("--artifact", action="store_true", help="its AOT artifact is present")
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -167,6 +177,24 @@ def main() -> None:
 
     events: list[str] = []
 
+    class CompiledModel:
+        """A ``support_torch_compile`` module as vLLM's AOT path and plancache see it."""
+
+        do_not_compile = False
+
+        def __init__(self, vllm_config: object) -> None:
+            self.vllm_config = vllm_config
+
+        def forward(self, x: Any) -> Any:
+            return x
+
+        def artifact(self) -> Any:
+            from plancache.integrations.vllm.compiling import aot_path
+
+            where = aot_path(self)
+            assert where is not None, "vLLM would keep no AOT artifact"
+            return where[0] / where[1] / "model"
+
     class FakeRunner:
         """The model runner: weights, profile run and graph capture move the fake counter."""
 
@@ -176,17 +204,35 @@ def main() -> None:
 
         def __init__(self, vllm_config: object, device: object) -> None:
             self.device = device
+            self.model: Any = CompiledModel(vllm_config) if args.compiled else None
 
         def load_model(self, load_dummy_weights: bool = False) -> None:
             time.sleep(args.load_s)
             alloc(16 * GiB)
             self.model_memory_usage = 16 * GiB
+            if args.artifact:
+                self.model.artifact().parent.mkdir(parents=True, exist_ok=True)
+                self.model.artifact().write_bytes(b"compiled")
 
         def get_model(self) -> Any:
-            return torch.nn.Linear(1, 1)
+            return self.model if args.compiled else torch.nn.Linear(1, 1)
 
         def profile_run(self, randomize_inputs: bool = False) -> None:
             events.append("profile_run")
+            if args.compiled:
+                from vllm.compilation.counter import compilation_counter
+
+                if self.model.artifact().exists():
+                    compilation_counter.num_aot_artifacts_loaded += 1
+                    events.append("aot-loaded")
+                else:  # compiles: its temporaries peak above the activations, then go
+                    alloc(COMPILE_TEMPORARIES)
+                    free(COMPILE_TEMPORARIES)
+                    compilation_counter.num_aot_compiles += 1
+                    compilation_counter.num_backend_compilations += 1
+                    self.model.artifact().parent.mkdir(parents=True, exist_ok=True)
+                    self.model.artifact().write_bytes(b"compiled")
+                    events.append("compiled")
             alloc(3 * GiB)  # activation peak
             free(3 * GiB)
             mem.used += 256 << 20  # non-torch (attention workspace etc.)
@@ -300,6 +346,11 @@ def main() -> None:
         "saved": None if recorded is None else recorded.reason,
         "avoid": [] if boot is None else sorted(boot.avoid),
         "mark_left": None if boot is None else boot.mark is not None,
+        "compiles": None if boot is None else boot.compiles,
+        "compiled": None if boot is None else boot.compiled,
+        "provisional": None
+        if boot is None or boot.decision is None or boot.decision.plan is None
+        else boot.decision.observation in boot.decision.plan.provisional,
     }
     print(json.dumps(report), flush=True)
     from vllm.distributed.parallel_state import (

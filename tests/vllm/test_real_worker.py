@@ -336,3 +336,59 @@ def test_a_bad_plan_costs_each_node_at_most_one_boot(
     recover = max(r["costs"]["breaker.recover"] for r, _ in second)
     print(f"\nbreaker.recover with a dead mark: {recover * 1e3:.2f} ms (slowest of 4)")
     print(f"breaker.arm: {third['costs']['breaker.arm'] * 1e3:.2f} ms")
+
+
+def test_a_compiling_boots_plan_is_provisional_and_one_warm_profile_replaces_it(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM #54122 on the real worker: a boot that compiles during its profile run counts the
+    compile's temporaries as activation memory and allocates less KV cache. Its observation
+    is provisional: another compiling node applies it, the first node that loads the compiled
+    code profiles once instead, and from then on every node, compiling or not, applies that
+    warm plan; the record ends holding only the warm observation."""
+    store = str(tmp_path / "store")
+
+    def node(name: str, *args: str, free_gib: str = "78") -> Boot:
+        root = str(tmp_path / name / "vllm")
+        return boot(
+            model_dir, store, "--compiled", *args, "--free-gib", free_gib, VLLM_CACHE_ROOT=root
+        )
+
+    # 1. the fleet's first node compiles, profiles and records a provisional observation
+    ((cold, cold_log),) = reports(node("cold"))
+    assert (cold["mode"], cold["reason"], cold["compiled"]) == ("profiling", "miss", True)
+    assert cold["saved"] == "created" and "compiled" in cold["events"]
+    assert "provisional (compiled during profiling)" in cold_log
+    # 2. another node that compiles applies it; nothing is saved
+    ((twin, twin_log),) = reports(node("twin"))
+    assert (twin["mode"], twin["compiles"], twin["provisional"]) == ("applied", True, True)
+    assert twin["kv"] == cold["kv"] and "applies provisional plan" in twin_log
+    # 3. the first node that loads the compiled code profiles once, without the temporaries
+    ((warm, warm_log),) = reports(node("warm", "--artifact"))
+    assert (warm["mode"], warm["reason"], warm["compiles"]) == (
+        "profiling",
+        "gate:provisional",
+        False,
+    )
+    assert (warm["compiled"], warm["saved"]) == (False, "replaced")
+    assert "aot-loaded" in warm["events"] and "gate:provisional" in warm_log
+    compile_peak = 8 * GiB - 3 * GiB  # the temporaries over the activations' 3 GiB
+    assert warm["kv"] == cold["kv"] + compile_peak
+    # 4. every later node applies the warm plan, those that compile too; none profiles
+    later = list(
+        reports(
+            node("next", "--artifact"),
+            node("roomier", "--artifact", free_gib="78.5"),
+            node("recompiles"),
+        )
+    )
+    for report, _ in later:
+        assert (report["mode"], report["kv"], report["provisional"]) == (
+            "applied",
+            warm["kv"],
+            False,
+        ), report
+    assert "compiled" in later[2][0]["events"]  # it compiled, before the KV cache existed
+    record = _record(store, {}, fingerprint(cold["factors"]))
+    assert record is not None and record.provisional == ()
+    assert [o.kv_cache_memory_bytes for o in record.observations] == [warm["kv"]]

@@ -32,6 +32,7 @@ from plancache._switches import enabled
 from plancache._units import gib_text
 from plancache.errors import ConfigError
 from plancache.integrations.vllm.agreement import Tally, Vote, agree
+from plancache.integrations.vllm.compiling import boot_compiles
 from plancache.integrations.vllm.factors import (
     WorkerFactors,
     as_scalars,
@@ -93,6 +94,12 @@ class Boot:
     builtin: bool = False
     """True if plancache could not compute the key: vLLM's built-in functions act instead."""
     mode: BootMode | None = None
+    compiles: bool | None = None
+    """Whether the profiling run was expected to compile, at the decision (``boot_compiles``:
+    None if not known); only then are provisional observations candidates."""
+    compiled: bool | None = None
+    """Whether vLLM's counters saw a compile during ``determine_available_memory`` (None if
+    not read): a profile that did records a provisional observation."""
     decision: Decision | None = None
     tally: Tally | None = None
     spent: float = 0.0
@@ -317,10 +324,11 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
             builtins["maybe_apply_startup_plan"](worker)
         explicit = worker.cache_config.kv_cache_memory_bytes is not None
         return Vote.EXPLICIT if explicit else Vote.PROFILE
+    boot.compiles = safely(boot_compiles, worker)
     wait = get_cache().timeout - boot.spent
     figures = memory_figures(worker)
     budget = Budget(figures.requested_memory, figures.weights_memory)
-    boot.decision = decision = boot.pending.result(wait, budget=budget)
+    boot.decision = decision = boot.pending.result(wait, budget=budget, compiles=boot.compiles)
     safely(_retract_implausible, boot, decision, budget)
     if not decision.hit or decision.observation is None or decision.fingerprint is None:
         return Vote.PROFILE
@@ -400,10 +408,13 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
         kv = boot.decision.kv_cache_memory_bytes
         worker.cache_config.kv_cache_memory_bytes = kv
         boot.mode = BootMode.APPLIED
+        plan, chosen = boot.decision.plan, boot.decision.observation
+        provisional = plan is not None and chosen in plan.provisional
         log.info(
-            "plancache: rank %s applies plan fp=%s: kv_cache_memory_bytes=%s (%s), "
+            "plancache: rank %s applies %splan fp=%s: kv_cache_memory_bytes=%s (%s), "
             "memory profiling skipped%s",
             rank,
+            "provisional " if provisional else "",
             fp,
             kv,
             gib_text(kv),
@@ -412,7 +423,13 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
     else:
         boot.mode = BootMode.PROFILING
         why = "another rank must profile" if vote is Vote.APPLY else "no applicable plan"
-        if boot.decision is not None and not boot.decision.hit:
+        if boot.decision is not None and boot.decision.reason is Reason.PROVISIONAL:
+            why = (
+                f"{Reason.PROVISIONAL}: only boots that compiled during profiling measured "
+                "this key, and this one is not known to compile; its profile serves the "
+                "boots that load compiled code"
+            )
+        elif boot.decision is not None and not boot.decision.hit:
             why = boot.decision.reason
         elif boot.decision is not None and vote is Vote.PROFILE:
             why = "no crash mark could be written, so the plan is not applied"

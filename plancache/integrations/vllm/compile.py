@@ -61,7 +61,8 @@ from plancache._background import Job
 from plancache._breaker import Breaker, Mark
 from plancache._observation import Observation
 from plancache.integrations.vllm.apply import safely
-from plancache.integrations.vllm.prefetch import MARK, PREFETCH_ATTR, Prefetch, wrap_decorator
+from plancache.integrations.vllm.compiling import PREFETCH_ATTR
+from plancache.integrations.vllm.prefetch import MARK, Prefetch, wrap_decorator
 
 log = logging.getLogger("plancache.vllm")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from plancache.integrations.vllm import apply, save
 from plancache.integrations.vllm.apply import safely, warm
+from plancache.integrations.vllm.compiling import compile_count
 from plancache.integrations.vllm.worker import WorkerLike
 
 log = logging.getLogger("plancache.vllm")
@@ -112,7 +113,12 @@ def _wrap_determine(original: Callable[..., Any]) -> Callable[..., Any]:
         boot = apply.boot_of(self)
         if boot is not None:
             boot.costs["determine_available_memory"] = time.perf_counter() - start
-        return original(self, *args, **kwargs)
+        before = safely(compile_count)
+        result = original(self, *args, **kwargs)
+        after = None if before is None else safely(compile_count)
+        if boot is not None and before is not None and after is not None:
+            boot.compiled = after > before  # its profile counted compile temporaries
+        return result
 
     setattr(determine_available_memory, MARK, True)
     return determine_available_memory

@@ -13,7 +13,6 @@ it stopped waiting for installs nothing.
 from __future__ import annotations
 
 import functools
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,14 +21,12 @@ from typing import Any
 
 from plancache import _background as background
 from plancache._artifacts.engine import Fetched
-from plancache._artifacts.manifest import check_rank
 from plancache._artifacts.pacing import join_fetch
 from plancache._background import Job
 from plancache.integrations.vllm.apply import safely
+from plancache.integrations.vllm.compiling import aot_path
 
 MARK = "__plancache_wrapped__"
-PREFETCH_ATTR = "_plancache_compile_prefetch"
-"""The attribute of a built model that holds its ``Prefetch``."""
 
 Prepare = Callable[
     [Path, str, str, bool, float, Callable[[], bool], threading.Event], Fetched | None
@@ -69,6 +66,10 @@ class Prefetch:
                 self.streaming,
             )
 
+    def done(self) -> bool:
+        """True once the prefetch ended (fetched, missed, failed or cancelled)."""
+        return self.job.done()
+
     def join(self) -> tuple[Path, str] | None:
         """Wait for the prefetch (``join_fetch``: until its deadline, the fetch bound from
         its start with the store's opening included, once it streams; else ``JOIN_S``, and
@@ -78,27 +79,6 @@ class Prefetch:
         if join_fetch(self.job, self.deadline, self.streaming, self.cancelled, self.started):
             return self.where
         return None
-
-
-def aot_path(model: Any) -> tuple[Path, str] | None:
-    """(vLLM's ``<key>`` directory, ``rank_<r>_<dp>``) of ``model``, computed as vLLM's
-    ``support_torch_compile.__call__`` does (vllm 0.33 decorators.py ~l.560-585); None where
-    vLLM will not load an AOT artifact."""
-    import vllm.envs as envs
-    from vllm.compilation import decorators
-    from vllm.compilation.caching import aot_compile_hash_factors
-
-    allowed = getattr(model, "_allow_aot_compile", True)  # vLLM 0.31 and 0.32 have no flag
-    if model.do_not_compile or not (allowed and envs.VLLM_USE_AOT_COMPILE):
-        return None
-    if envs.VLLM_DISABLE_COMPILE_CACHE:
-        return None
-    factors: list[str] = aot_compile_hash_factors(model.vllm_config)
-    factors.append(decorators._model_hash_key(model.forward))
-    key = hashlib.sha256(str(factors).encode()).hexdigest()
-    root = Path(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile", key)
-    parallel = model.vllm_config.parallel_config
-    return root, check_rank(f"rank_{parallel.rank}_{parallel.data_parallel_index}")
 
 
 def wrap_decorator(

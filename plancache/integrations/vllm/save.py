@@ -5,7 +5,9 @@ readiness or exit; the background retractions this boot started go to the store 
 Guarantees: only a boot whose mode is ``BootMode.PROFILING`` saves, at most once; the
 factors and free memory are those ``load_model`` read (``apply.begin``), however the config
 changed later in startup; a worker no lookup ran on saves nothing (a key computed now could
-differ from any lookup's); values that are not sizes are logged and not saved.
+differ from any lookup's); values that are not sizes are logged and not saved; a boot whose
+profile run compiled (``Boot.compiled``) records a provisional observation (docs/vllm.md,
+"A compiling boot's plan is provisional").
 """
 
 from __future__ import annotations
@@ -54,13 +56,18 @@ def _save_job(worker: WorkerLike, kv_cache_memory_bytes: object) -> Callable[[],
         return None
     cache = get_cache()
     factors, labels = as_scalars(boot.factors), dict(boot.labels)
+    provisional = boot.compiled is True  # compile temporaries counted as activation memory
     retractions = list(boot.retractions)
 
     def record() -> Recorded:
         for retraction in retractions:  # a crashed observation's tombstone goes first
             retraction.join(cache.timeout)
         boot.recorded = cache.record(
-            factors, kv_cache_memory_bytes=kv, free_memory_baseline=free, labels=labels
+            factors,
+            kv_cache_memory_bytes=kv,
+            free_memory_baseline=free,
+            labels=labels,
+            provisional=provisional,
         )
         return boot.recorded
 
