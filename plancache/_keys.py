@@ -14,6 +14,8 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from plancache.errors import InvalidPlanError
 
@@ -115,3 +117,36 @@ def fingerprint_of_name(name: str) -> str | None:
         return None
     fp = name[len(OBJECT_PREFIX) : -len(OBJECT_SUFFIX)]
     return fp if _KEY.fullmatch(fp) else None
+
+
+ABSENT = object()
+"""The value of a factor one side of a ``Difference`` lacks."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One factor whose value differs: the stored plan's and the node's (``ABSENT`` where
+    one side lacks it)."""
+
+    factor: str
+    stored: object
+    given: object
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"factor": self.factor}
+        if self.stored is not ABSENT:
+            out["stored"] = self.stored
+        if self.given is not ABSENT:
+            out["given"] = self.given
+        return out
+
+
+def differences(stored: Mapping[str, Scalar], given: Mapping[str, Scalar]) -> list[Difference]:
+    """The factors whose values differ between ``stored`` and ``given``, by name; a value
+    of another type counts as different (``1`` is not ``1.0``, ``True`` is not ``1``)."""
+    out = []
+    for name in sorted(stored.keys() | given.keys()):
+        a, b = stored.get(name, ABSENT), given.get(name, ABSENT)
+        if a is ABSENT or b is ABSENT or type(a) is not type(b) or a != b:
+            out.append(Difference(name, a, b))
+    return out

@@ -142,3 +142,47 @@ def test_a_store_that_does_not_answer_costs_at_most_the_budget(
         info, inspected = inspect(module)
         assert inspected and info  # vLLM inspects as if plancache were absent
         assert time.monotonic() - start < 1.5  # the 0.5 s budget, and no more
+
+
+@pytest.mark.usefixtures("node")
+def test_a_file_installed_that_vllm_does_not_read_is_reported_as_built_anyway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both ways: a node that reads the installed file reports nothing; one whose reader
+    rejects it (another format) inspects, with one WARNING naming the class."""
+    store = tmp_path / "store"
+    _env(monkeypatch, str(store), VLLM_CACHE_ROOT=str(tmp_path / "a"))
+    first = registry(tmp_path / "a")
+    modelinfo.patch_registry(first)
+    assert inspect(first)[1]
+    deadline = time.monotonic() + 30  # its upload (another test's may still hang: not waited)
+    while not list(store.glob("model_info_*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for name, rejects in (("b", False), ("c", True)):
+        monkeypatch.setattr(compile, "_store", None)
+        monkeypatch.setattr(compile, "_opening", None)
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / name))
+        node = registry(tmp_path / name)
+        cls = node._LazyRegisteredModel
+        if rejects:  # a reader of another format: nothing it finds is read
+
+            def _load_modelinfo_from_cache(self: Any, module_hash: str) -> None:
+                return None
+
+            monkeypatch.setattr(cls, "_load_modelinfo_from_cache", _load_modelinfo_from_cache)
+        modelinfo.patch_registry(node)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="plancache"):
+            assert inspect(node)[1] is rejects
+        warned = [
+            r.getMessage() for r in caplog.records if "yet vLLM did not read" in r.getMessage()
+        ]
+        assert warned == (
+            [
+                "plancache: model info vllm.models.tiny.TinyForCausalLM: installed, yet vLLM "
+                "did not read it and inspects the class (its reader or file format differs "
+                "from the producer's)"
+            ]
+            if rejects
+            else []
+        )

@@ -25,7 +25,12 @@ from pathlib import Path
 from plancache import _metrics as metrics
 from plancache._artifacts.archive import install, read_manifest, remove_partial_installs
 from plancache._artifacts.engine import Engine, Fetched, Source, count
-from plancache._artifacts.manifest import Manifest, artifact_object_name
+from plancache._artifacts.manifest import (
+    NAME_PREFIX,
+    Manifest,
+    artifact_object_name,
+    parse_artifact_object_name,
+)
 from plancache._artifacts.pacing import _Deadline, _Pace
 from plancache._artifacts.packing import pack
 from plancache._artifacts.trust import Refusal, Refused
@@ -38,6 +43,8 @@ KIND = "compile_artifact"
 """The kind's name in metrics."""
 WHAT = "compile artifact"
 """The kind's name in log lines."""
+MAX_COMPARED = 8
+"""Stored artifacts a miss is compared with (``others``)."""
 ARTIFACT_MARKS_DIR = "compile_marks"
 """The crash-loop breaker's marks for artifacts, in the node's local directory."""
 
@@ -174,6 +181,33 @@ class CompileArtifacts(Engine):
                     "plancache: compile artifact %s/%s in %s: %s", key[:12], rank, source.label, exc
                 )
         return None
+
+    def others(self, key: str, rank: str, limit: int = MAX_COMPARED) -> list[Manifest]:
+        """The manifests (heads only) of at most ``limit`` artifacts of ``rank`` the store
+        holds under keys other than ``key``, newest first: what a miss is compared with.
+        Never raises (a store that cannot be listed or read gives what was read)."""
+        found: list[Manifest] = []
+        source = self.sources()[-1]  # the store: what the fleet shares
+        try:
+            names = sorted(
+                n
+                for n in source.layer.list_objects(NAME_PREFIX)
+                if (parsed := parse_artifact_object_name(n)) is not None
+                and parsed[1] == rank
+                and parsed[0] != key
+            )
+            for name in names[: 2 * limit]:  # bounded reads, in name order
+                opened = source.layer.open_object(name)
+                if opened is None:
+                    continue
+                try:
+                    found.append(read_manifest(opened, max_bytes=self.compile.max_bytes))
+                finally:
+                    opened.close()
+        except Exception as exc:
+            log.info("plancache: compile artifacts of %s not listed: %s", rank, exc)
+        found.sort(key=lambda m: -m.created_at)
+        return found[:limit]
 
     def retract(self, key: str, rank: str, digest: str) -> list[str]:
         """Delete the stored artifact of (key, rank) where it is the one whose manifest has

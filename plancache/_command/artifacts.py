@@ -227,7 +227,9 @@ def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
         echo(f"signed       {_signed(e, keyring) if m.signature else 'no'}")
     for label, values in (("labels", m.labels), ("producer", m.producer)):
         for k in sorted(values):
-            echo(f"{label:12s} {k}={values[k]}")
+            v = values[k]  # the key's factors: hundreds of entries, listed by `ls --json`
+            shown = f"({len(v)} entries: `ls --json` lists them)" if isinstance(v, dict) else v
+            echo(f"{label:12s} {k}={shown}")
     print_table(
         ["  PATH", "SIZE", "MODE", "SHA256"],
         [[f"  {f.path}", str(f.size), oct(f.mode), f.sha256[:16]] for f in m.files],

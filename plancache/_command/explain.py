@@ -11,49 +11,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from plancache._command.display import echo, print_json
 from plancache._command.fingerprint import read_factors
 from plancache._command.stores import open_named
 from plancache._inventory import plans as inventory
-from plancache._keys import Scalar, fingerprint
+from plancache._keys import ABSENT, Difference, Scalar, differences, fingerprint
 from plancache._plan import MODEL_LABEL, Plan
 from plancache._redaction import printable
 
 NEAREST = 5
 """Plans listed by default."""
-ABSENT = object()
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One factor whose value differs: the stored plan's and the node's (``ABSENT`` where
-    one side lacks it)."""
-
-    factor: str
-    stored: object
-    given: object
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"factor": self.factor}
-        if self.stored is not ABSENT:
-            out["stored"] = self.stored
-        if self.given is not ABSENT:
-            out["given"] = self.given
-        return out
-
-
-def differences(stored: Mapping[str, Scalar], given: Mapping[str, Scalar]) -> list[Difference]:
-    """The factors whose values differ between ``stored`` and ``given``, by name; a value
-    of another type counts as different (``1`` is not ``1.0``, ``True`` is not ``1``)."""
-    out = []
-    for name in sorted(stored.keys() | given.keys()):
-        a, b = stored.get(name, ABSENT), given.get(name, ABSENT)
-        if a is ABSENT or b is ABSENT or type(a) is not type(b) or a != b:
-            out.append(Difference(name, a, b))
-    return out
 
 
 def nearest(

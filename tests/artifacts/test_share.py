@@ -312,3 +312,23 @@ def _remote(backend: str, request: pytest.FixtureRequest) -> tuple[str, dict[str
     if backend == "s3":
         return s3(request.getfixturevalue("moto_s3"), request.getfixturevalue("s3_bucket"))
     return gcs(request.getfixturevalue("fake_gcs"), request.getfixturevalue("gcs_bucket"))
+
+
+def test_others_lists_the_artifacts_of_a_rank_under_other_keys_newest_first_and_bounded(
+    tmp_path: Path,
+) -> None:
+    """What a miss is compared with: heads only, of the same rank, never the node's own key,
+    at most ``limit``, newest first; a store that cannot be listed gives nothing."""
+    shared = store(str(tmp_path / "store"))
+    keys = [c * 64 for c in "0123"]
+    for n, key in enumerate(keys):
+        tree = make_tree(tmp_path / key / key)
+        shared.upload(tree, key, RANK, {"n": n}, {"host": f"node-{n}"})
+    (tmp_path / "r1" / "rank_1_0").mkdir(parents=True)
+    (tmp_path / "r1" / "rank_1_0" / "model").write_bytes(b"x")
+    shared.upload(tmp_path / "r1", keys[0], "rank_1_0")
+    found = shared.others(keys[1], RANK, limit=2)
+    assert [m.labels["n"] for m in found] == [3, 2]  # newest first, keys[1] and rank_1 left out
+    assert all(m.labels["n"] != 1 for m in shared.others(keys[1], RANK))
+    assert len(shared.others(keys[1], RANK)) == 3
+    assert store(str(tmp_path / "missing")).others(keys[1], RANK) == []

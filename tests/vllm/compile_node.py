@@ -14,7 +14,7 @@ the fusions are off; ``compile_sizes`` is unset
 without a model runner, so it is set to ``[]``.
 
 usage: compile_node.py --model-dir DIR [--die-after-load] [--wait-upload S] [--sizes N ...]
-    [--other-loader] [--vllm-metrics]
+    [--other-loader] [--vllm-metrics] [--engine-arg NAME=JSON ...]
 ``--sizes`` sets vLLM's ``compile_sizes`` and runs one forward of each size after the first
 (the warm-up a model runner does: it compiles or loads those sizes).
 ``--die-after-load`` SIGKILLs the process inside the first forward, right after vLLM loaded
@@ -24,13 +24,16 @@ to ``inductor_cache/`` since it saved the artifact is uploaded then). ``--wait-u
 that long for plancache's background uploads before exiting (0: leave it to the exit bound).
 ``--vllm-metrics`` makes vLLM's Prometheus metrics (``PrometheusStatLogger``) as its API
 server does. ``--other-loader`` gives vLLM's AOT loader other parameters before the plugins
-load (as a vLLM whose internals moved would have it).
+load (as a vLLM whose internals moved would have it). ``--engine-arg`` passes one more
+``EngineArgs`` field (``dtype="float16"``, ``max_model_len=256``). The report's ``output`` is
+the sha256 of the first forward's output bytes: equal outputs, bit for bit.
 Run with ``VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1`` and the checkout's root on the path.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[])
     ap.add_argument("--other-loader", action="store_true")
     ap.add_argument("--vllm-metrics", action="store_true")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="NAME=JSON")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,6 +97,7 @@ def main() -> None:
         skip_tokenizer_init=True,
         load_format="dummy",
         enforce_eager=True,
+        **{k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)},
     )
     config: VllmConfig = engine_args.create_engine_config()
     configured = time.perf_counter() - configured
@@ -165,6 +170,7 @@ def main() -> None:
         "aot_loaded": compilation_counter.num_aot_artifacts_loaded,
         "aot_saved": compilation_counter.num_aot_artifacts_saved,
         "equal_eager": bool(torch.allclose(out, eager, atol=1e-5)),
+        "output": hashlib.sha256(out.detach().float().numpy().tobytes()).hexdigest(),
         "upload_wait_s": waited,
         "inspections": len(inspections),  # model classes vLLM inspected in a subprocess
         "phases_s": {  # the process by phase (first forward: compile or load)

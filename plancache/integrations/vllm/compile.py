@@ -52,6 +52,7 @@ from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
+from plancache import _metrics as metrics
 from plancache._artifacts.archive import TEMP_PREFIX, installed_manifest
 from plancache._artifacts.compiled import ARTIFACT_MARKS_DIR, artifact_id, as_observation
 from plancache._artifacts.engine import CompileSettings, Fetched, Uploads
@@ -61,7 +62,8 @@ from plancache._background import Job
 from plancache._breaker import Breaker, Mark
 from plancache._observation import Observation
 from plancache.integrations.vllm.apply import safely
-from plancache.integrations.vllm.compiling import PREFETCH_ATTR
+from plancache.integrations.vllm.compile_miss import FACTORS_LABEL, name_miss_later
+from plancache.integrations.vllm.compiling import PREFETCH_ATTR, aot_factors
 from plancache.integrations.vllm.prefetch import MARK, Prefetch, wrap_decorator
 
 log = logging.getLogger("plancache.vllm")
@@ -236,6 +238,8 @@ def _before_load(model: Any, path: str) -> _Load | None:
         fetched = prefetch.fetched
     else:  # built before the plugin registered, or vLLM's path differs from the one computed
         fetched = _prepare(attempt.root, attempt.key, attempt.rank)
+    if fetched is not None and fetched.reason == "miss":  # named while vLLM compiles
+        safely(name_miss_later, store, attempt.key, attempt.rank, model, _labels(model)["model"])
     if fetched is not None and fetched.reason == "hit" and fetched.manifest is not None:
         attempt.manifest = fetched.manifest
         aid = artifact_id(attempt.key, attempt.rank)
@@ -353,6 +357,7 @@ def _start_prefetch(model: Any) -> None:
 def _after_load(attempt: _Load, loaded: Any, warnings: list[str]) -> Any:
     if loaded is None:
         breaker().disarm(attempt.mark)  # refused, not crashed: vLLM compiles
+        metrics.rebuilt("compile_artifact", 1)  # built anyway, named below
         reason = "; ".join(warnings) or "no reason logged"
         log.warning(
             "plancache: vLLM refused the installed compile artifact %s/%s and compiles: %s",
@@ -429,7 +434,8 @@ def _after_save(model: Any) -> None:
         return
     rank_dir = Path(path).parent
     key, rank = check_key(rank_dir.parent.name), check_rank(rank_dir.name)
-    labels = _labels(model)
+    labels = _labels(model)  # and what its key is made of, for the misses of other nodes
+    labels[FACTORS_LABEL] = safely(aot_factors, model)
     started = getattr(model, STARTED_ATTR, None)
     made = producer()
     if isinstance(started, float):  # what the fetcher must beat (its pace is judged by it)
@@ -440,9 +446,13 @@ def _after_save(model: Any) -> None:
     )
 
 
-def _labels(model: Any) -> dict[str, object]:
+def _labels(model: Any) -> dict[str, object]:  # ``_after_save`` adds the factors
     config = getattr(getattr(model, "vllm_config", None), "model_config", None)
-    return {"model": str(getattr(config, "model", "")), "class": type(model).__name__}
+    labels: dict[str, object] = {
+        "model": str(getattr(config, "model", "")),
+        "class": type(model).__name__,
+    }
+    return labels
 
 
 def _upload(

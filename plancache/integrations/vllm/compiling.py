@@ -7,11 +7,14 @@ vLLM import is inside a function.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from plancache._artifacts.manifest import check_rank
+from plancache._keys import SCALAR_TYPES, Scalar
 
 log = logging.getLogger("plancache.vllm")
 
@@ -39,6 +42,44 @@ def aot_path(model: Any) -> tuple[Path, str] | None:
     root = Path(envs.VLLM_CACHE_ROOT, "torch_compile_cache", "torch_aot_compile", key)
     parallel = model.vllm_config.parallel_config
     return root, check_rank(f"rank_{parallel.rank}_{parallel.data_parallel_index}")
+
+
+CONFIG_FIELDS = ("model", "revision", "dtype", "max_model_len", "quantization", "seed")
+"""Fields of vLLM's model config named in a compile miss: ``compute_hash`` covers them (and
+more: a hash that differs while none of them does is named ``config_hash``)."""
+
+
+def aot_factors(model: Any) -> dict[str, Scalar]:
+    """What ``model``'s AOT key (``aot_path``) is made of, as flat scalars to diff: every
+    variable of vLLM's ``envs.compile_factors()`` (``env.<NAME>``, lists and objects as
+    JSON text), the config's hash and ``CONFIG_FIELDS`` (``config.<field>``), one hash of
+    Inductor's factors (system, torch, configs), the forward's hash and vLLM's version."""
+    import vllm
+    import vllm.envs as envs
+    from vllm.compilation import decorators
+    from vllm.compilation.caching import aot_compile_hash_factors
+
+    config = model.vllm_config
+    parts = aot_compile_hash_factors(config)
+    out: dict[str, Scalar] = {"vllm": vllm.__version__, "config_hash": str(parts[1])}
+    for name, value in envs.compile_factors().items():
+        out[f"env.{name}"] = _scalar(value)
+    model_config = getattr(config, "model_config", None)
+    for name in CONFIG_FIELDS:
+        out[f"config.{name}"] = _scalar(getattr(model_config, name, None))
+    out["inductor_hash"] = hashlib.sha256(str(parts[2:]).encode()).hexdigest()
+    out["forward_hash"] = decorators._model_hash_key(model.forward)
+    return out
+
+
+def _scalar(value: object) -> Scalar:
+    """``value`` if it is a scalar a plan's factors may hold, a list or object as JSON text,
+    anything else (a ``torch.dtype``) as ``str``."""
+    if type(value) in SCALAR_TYPES and not (type(value) is float and not math.isfinite(value)):
+        return value  # type: ignore[return-value]
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
 
 
 def compiles(model: Any) -> bool | None:

@@ -10,6 +10,8 @@ imported:
   compile artifacts are, and installed atomically, never over a file the node has; then
   vLLM reads it as its own. The store's opening and the fetch together wait at most
   ``PLANCACHE_TIMEOUT`` (the plans' budget), then vLLM inspects as usual;
+- built anyway: where vLLM still reads no file after one was installed (it inspects the
+  class), one WARNING says so and ``plancache_rebuilt_total{kind="model_info"}`` counts it;
 - ``_save_modelinfo_to_cache(mi, module_hash)``: once vLLM wrote a file, it is uploaded in
   the background, create-if-absent (``compile.uploads``: bounded at exit).
 
@@ -28,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
+from plancache import _metrics as metrics
 from plancache._artifacts import modelinfo
 from plancache._artifacts.engine import Fetched
 from plancache._defaults import DEFAULT_BUDGET_S
@@ -74,6 +77,14 @@ def patch_registry(module: ModuleType) -> bool:
         found = load(self, module_hash)
         if found is None and _fetch(self, module_hash):
             found = load(self, module_hash)
+            if found is None:  # built anyway: vLLM inspects the class in a subprocess
+                log.warning(
+                    "plancache: model info %s.%s: installed, yet vLLM did not read it and "
+                    "inspects the class (its reader or file format differs from the producer's)",
+                    getattr(self, "module_name", "?"),
+                    getattr(self, "class_name", "?"),
+                )
+                metrics.rebuilt("model_info", 1)
         return found
 
     def save_modelinfo(self: Any, mi: Any, module_hash: str) -> None:
