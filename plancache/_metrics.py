@@ -21,6 +21,11 @@ Metrics (labels):
 - ``plancache_bytes_total`` (kind, direction): bytes installed (``fetched``) and stored
   (``uploaded``).
 - ``plancache_store_request_seconds`` (scheme, op): a histogram of the remote store's calls.
+- ``plancache_rebuilt_total`` (kind): things built anyway after shared ones were installed.
+- ``plancache_left_out_total`` (kind, why): files an upload left out.
+
+Besides, each process keeps a tally of its decisions and rebuilds (``tally``), whatever
+``PLANCACHE_METRICS`` says: what a boot report stores (``plancache._artifacts.reports``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import Counter
 from typing import Any
 
 log = logging.getLogger("plancache")
@@ -36,6 +42,10 @@ SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 
 _lock = threading.Lock()
 _made: dict[str, Any] | None = None
 _off = False
+_tally: dict[str, Counter[str]] = {}
+"""Per kind: each decision's result, and ``rebuilt``."""
+MAX_TALLIED = 64
+"""Most kinds, and results of one kind, the tally keeps (the rest are not counted)."""
 
 
 def _metrics() -> dict[str, Any] | None:
@@ -98,8 +108,24 @@ def _safely(name: str, labels: dict[str, str], op: str, value: float) -> None:
         log.debug("plancache: metric %s not updated: %s", name, exc)
 
 
+def _count(kind: str, what: str, n: int) -> None:
+    with _lock:
+        counts = _tally.get(kind)
+        if counts is None and len(_tally) < MAX_TALLIED:
+            counts = _tally[kind] = Counter()
+        if counts is not None and (what in counts or len(counts) < MAX_TALLIED):
+            counts[what] += n
+
+
+def tally() -> dict[str, dict[str, int]]:
+    """What this process decided and rebuilt so far: {kind: {result or "rebuilt": count}}."""
+    with _lock:
+        return {kind: dict(counts) for kind, counts in _tally.items()}
+
+
 def decision(kind: str, result: str, seconds: float, model: object = "") -> None:
     """Count a decision of ``kind`` and time it."""
+    _count(kind, result, 1)
     model = str(model or "")
     _safely("decisions", {"kind": kind, "result": result, "model": model}, "inc", 1)
     _safely("decision_seconds", {"kind": kind, "result": result}, "observe", seconds)
@@ -132,6 +158,7 @@ def rebuilt(kind: str, n: int) -> None:
     """Count ``n`` things of ``kind`` a process built although it had installed shared ones
     (kernels compiled after a bundle was installed)."""
     if n > 0:
+        _count(kind, "rebuilt", n)
         _safely("rebuilt", {"kind": kind}, "inc", n)
 
 

@@ -126,8 +126,13 @@ ENGINE = [
     "_artifacts/pacing.py",
 ]
 """The modules every kind shares: they know no backend (the stores' generic hooks serve)."""
-KIND_MODULES = ["_artifacts/compiled.py", "_artifacts/bundles.py", "_artifacts/modelinfo.py"]
-"""One module per kind loaded as code or trusted as fact."""
+KIND_MODULES = [
+    "_artifacts/compiled.py",
+    "_artifacts/bundles.py",
+    "_artifacts/modelinfo.py",
+    "_artifacts/reports.py",
+]
+"""One module per kind loaded as code or trusted as fact, and the boot reports."""
 
 
 def test_no_module_is_over_the_line_cap() -> None:

@@ -31,7 +31,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Protocol, cast
+from typing import IO, cast
 
 import orjson
 
@@ -44,6 +44,7 @@ from plancache._artifacts.manifest import (
     MAX_PATH_CHARS,
     FileEntry,
     Manifest,
+    Readable,
     check_path,
 )
 from plancache._artifacts.packing import BLOCK, CHUNK
@@ -63,10 +64,6 @@ TEMP_PREFIX = ".plancache-tmp-"
 STALE_INSTALL_S = 3600.0
 """Age past which an install's temp directory is a killed boot's leftover (a live install
 takes seconds to minutes)."""
-
-
-class Readable(Protocol):
-    def read(self, n: int, /) -> bytes: ...
 
 
 class _Stream:

@@ -352,6 +352,19 @@ class Engine(Trust):
             with contextlib.suppress(Exception):  # expires on its own
                 layer.delete_object(name + CLAIM_SUFFIX, held)
 
+    def write_small(self, kind: str, what: str, name: str, data: bytes) -> dict[str, bool]:
+        """Write a small object (an envelope: no claim, no manifest) create-if-absent to
+        each destination, counted as a write of ``kind``; {destination: created}. Never
+        raises: what a destination refuses or fails is logged (``what`` names the kind)."""
+        out: dict[str, bool] = {}
+        for label, layer in self.destinations():
+            try:
+                out[label] = layer.write_object(name, [data])
+            except Exception as exc:
+                log.warning("plancache: %s: not written to the %s: %s", what, label, exc)
+        self.written(kind, out)
+        return out
+
     @staticmethod
     def written(kind: str, out: dict[str, bool]) -> None:
         """The metric of one upload: created, kept (stored already), or nowhere."""

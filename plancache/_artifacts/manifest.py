@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -68,6 +68,62 @@ _CONTENT = re.compile(r"[0-9a-f]{32}")
 _CACHE_NAME = re.compile(
     rf"{CACHE_PREFIX}({CACHE_KIND.pattern})_([0-9a-f]{{64}})_([0-9a-f]{{32}}){NAME_SUFFIX}"
 )
+
+
+E = TypeVar("E", bound="Envelope")
+
+
+class Readable(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+class Envelope:
+    """A signed JSON object (a manifest, a model info, a boot report; each a frozen
+    dataclass with a ``signature`` field): ``body()`` is every field but the signature, its
+    canonical encoding (``payload``: orjson, sorted keys) what a key signs."""
+
+    signature: Signature | None
+
+    def body(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def payload(self) -> bytes:
+        """The canonical bytes a signature covers (everything but the signature)."""
+        return orjson.dumps(self.body(), option=orjson.OPT_SORT_KEYS)
+
+    def encode(self) -> bytes:
+        body = self.body()
+        if self.signature is not None:
+            body["signature"] = self.signature.to_dict()
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+    def signed_with(self: E, keyring: Keyring) -> E:
+        """Signed with ``keyring``'s signing key, or as it is when it holds none."""
+        if not keyring.can_sign:
+            return self
+        return replace(self, signature=keyring.sign_payload(self.payload()))  # type: ignore[type-var]
+
+    def verdict(self, keyring: Keyring) -> SignatureVerdict:
+        return keyring.verdict_payload(self.payload(), self.signature)
+
+
+def parse_signature(obj: dict[str, Any], what: str, error: type[Exception]) -> Signature | None:
+    """The ``signature`` of a decoded envelope, None if it has none; ``error`` if malformed."""
+    sig = obj.get("signature")
+    try:
+        return None if sig is None else Signature.from_dict(sig)
+    except ValueError as exc:
+        raise error(f"{what}'s signature is malformed: {exc}") from None
+
+
+def read_bounded(stream: Readable, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of ``stream`` (more than ``limit``: too long to decode)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit and (chunk := stream.read(limit + 1 - got)):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def decode_versioned(
@@ -185,7 +241,7 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(Envelope):
     """What an artifact holds (see the module docstring)."""
 
     key: str
@@ -214,7 +270,7 @@ class Manifest:
             return artifact_object_name(self.key, self.rank)
         return cache_object_name(self.kind, self.key, self.content)
 
-    def _body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         body = {
             "format": FORMAT,
             "key": self.key,
@@ -228,29 +284,10 @@ class Manifest:
             body["kind"] = self.kind
         return body
 
-    def payload(self) -> bytes:
-        """The canonical bytes a signature covers (everything but the signature)."""
-        return orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
-
     @property
     def digest(self) -> str:
         """sha256 hex of ``payload``: names this artifact's content (every file's digest)."""
         return hashlib.sha256(self.payload()).hexdigest()
-
-    def encode(self) -> bytes:
-        body = self._body()
-        if self.signature is not None:
-            body["signature"] = self.signature.to_dict()
-        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-
-    def signed_with(self, keyring: Keyring) -> Manifest:
-        """Signed with ``keyring``'s signing key, or as it is when it holds none."""
-        if not keyring.can_sign:
-            return self
-        return replace(self, signature=keyring.sign_payload(self.payload()))
-
-    def verdict(self, keyring: Keyring) -> SignatureVerdict:
-        return keyring.verdict_payload(self.payload(), self.signature)
 
     @classmethod
     def decode(cls, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:

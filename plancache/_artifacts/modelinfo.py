@@ -30,19 +30,24 @@ import re
 import secrets
 import stat
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from plancache._artifacts.archive import Readable
 from plancache._artifacts.engine import Engine, Fetched, Source, count
-from plancache._artifacts.manifest import decode_versioned
+from plancache._artifacts.manifest import (
+    Envelope,
+    Readable,
+    decode_versioned,
+    parse_signature,
+    read_bounded,
+)
 from plancache._artifacts.trust import Refused
 from plancache._objects import Opened
 from plancache._plan import Signature
-from plancache._signing import Keyring, SignatureVerdict
+from plancache._signing import Keyring
 from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
@@ -68,7 +73,7 @@ def model_info_object_name(vllm_version: str, module: str, cls: str, module_hash
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(Envelope):
     """One shared model-info file and what it was made by."""
 
     vllm: str
@@ -87,7 +92,7 @@ class ModelInfo:
     def name(self) -> str:
         return model_info_object_name(self.vllm, self.module, self.cls, self.module_hash)
 
-    def _body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "vllm": self.vllm,
@@ -96,26 +101,6 @@ class ModelInfo:
             "file": self.file,
             "created_at": self.created_at,
         }
-
-    def payload(self) -> bytes:
-        """The canonical bytes a signature covers (everything but the signature)."""
-        return orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
-
-    def encode(self) -> bytes:
-        body = self._body()
-        if self.signature is not None:
-            body["signature"] = self.signature.to_dict()
-        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-
-    def signed_with(self, keyring: Keyring) -> ModelInfo:
-        return (
-            self
-            if not keyring.can_sign
-            else replace(self, signature=keyring.sign_payload(self.payload()))
-        )
-
-    def verdict(self, keyring: Keyring) -> SignatureVerdict:
-        return keyring.verdict_payload(self.payload(), self.signature)
 
     @classmethod
     def decode(cls, data: bytes) -> ModelInfo:
@@ -134,11 +119,7 @@ class ModelInfo:
             raise ArtifactError("model info holds no vLLM model-info file")
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise ArtifactError("model info's created_at is a number")
-        sig = obj.get("signature")
-        try:
-            signature = None if sig is None else Signature.from_dict(sig)
-        except ValueError as exc:
-            raise ArtifactError(f"model info's signature is malformed: {exc}") from None
+        signature = parse_signature(obj, "model info", ArtifactError)
         vllm, module, klass = (str(t) for t in texts)
         return cls(vllm, module, klass, file, float(created), signature)
 
@@ -146,12 +127,7 @@ class ModelInfo:
 def read(stream: Readable) -> ModelInfo:
     """The envelope ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
     ``ArtifactError`` for anything else."""
-    chunks: list[bytes] = []
-    got = 0
-    while got <= MAX_BYTES and (chunk := stream.read(MAX_BYTES + 1 - got)):
-        chunks.append(chunk)
-        got += len(chunk)
-    return ModelInfo.decode(b"".join(chunks))
+    return ModelInfo.decode(read_bounded(stream, MAX_BYTES))
 
 
 def read_file(path: Path) -> dict[str, Any] | None:
@@ -226,11 +202,4 @@ class ModelInfoKind(Engine):
     def upload_model_info(self, info: ModelInfo) -> dict[str, bool]:
         """Store ``info`` create-if-absent on the store (unless it refuses writes: logged),
         then on the local tier; {destination: created}. Never raises."""
-        out: dict[str, bool] = {}
-        for label, layer in self.destinations():
-            try:
-                out[label] = layer.write_object(info.name, [info.encode()])
-            except Exception as exc:
-                log.warning("plancache: model info: not written to the %s: %s", label, exc)
-        self.written("model_info", out)
-        return out
+        return self.write_small("model_info", "model info", info.name, info.encode())

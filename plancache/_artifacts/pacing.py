@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from plancache._artifacts.archive import Readable
-from plancache._artifacts.manifest import Manifest
+from plancache._artifacts.manifest import Manifest, Readable
 from plancache._background import Job
 from plancache.errors import ArtifactError
 

@@ -1,9 +1,10 @@
 """What the ``plancache`` subcommands do with the kinds loaded as code or trusted as fact
-(compile artifacts, cache bundles and model info, ``plancache._artifacts``), beside the plans
-of the same store: each ``cmd_*`` of ``plans`` calls the function of the same name here,
-which goes over every such kind (``plancache._inventory.artifacts.KINDS``). An artifact is
-named ``KEY/rank_R_D`` (``KEY``: a unique prefix of vLLM's key) or by its object name, a
-cache bundle and a model info by their object names."""
+(compile artifacts, cache bundles, model info and boot reports, ``plancache._artifacts``),
+beside the plans of the same store: each ``cmd_*`` of ``reading`` and ``maintenance`` calls
+the function of the same name here, which goes over every such kind
+(``plancache._inventory.artifacts.KINDS``). An artifact is named ``KEY/rank_R_D`` (``KEY``: a
+unique prefix of vLLM's key) or by its object name, a cache bundle and a model info by their
+object names."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plancache._artifacts import claims, modelinfo
+from plancache._artifacts import claims, modelinfo, reports
 from plancache._artifacts.archive import remove_partial_installs
 from plancache._artifacts.manifest import parse_artifact_object_name, parse_cache_name
+from plancache._artifacts.trust import signature_refusal
 from plancache._command.display import age, echo, plural, print_table, size, when
 from plancache._inventory import artifacts as inventory
+from plancache._inventory import parallel
 from plancache._inventory.artifacts import ArtifactRecord
 from plancache._objects import ObjectLayer
-from plancache._signing import Keyring, SignatureVerdict
+from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 
 KIND = "compile"
@@ -375,6 +378,8 @@ def cp(
     """Copy every object of every code kind, create-if-absent (as stored), signed ones only
     unless ``trust_unsigned``; says what it skipped; silent if there are none."""
     for kind in inventory.KINDS:
+        if kind is inventory.REPORTS:
+            continue  # a store's reports are those of the boots that wrote to it
         created = kept = 0
         skipped: list[tuple[str, str]] = []
         for name in inventory.names(src, kind):
@@ -398,7 +403,25 @@ def cp(
             echo(f"copied {kind.label}s: {counts}")
 
 
-def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
+def reports_read(layer: ObjectLayer, keyring: Keyring) -> dict[str, Any]:
+    """The boot reports: how many are stored, how many of the newest ``MAX_READ`` were read
+    (valid and, where the keys require signatures, validly signed), and their sums per kind
+    (``reports.summarize``)."""
+    names = inventory.names(layer, inventory.REPORTS)
+    newest = names[-reports.MAX_READ :]
+
+    def accepted(name: str) -> reports.Report | None:
+        e = inventory.read_entry(layer, name, kind=inventory.REPORTS)
+        head = None if e is None else e.manifest
+        if not isinstance(head, reports.Report) or signature_refusal(keyring, head.verdict):
+            return None
+        return head
+
+    read = [r for r in parallel(accepted, newest) if r is not None]
+    return {"stored": len(names), "read": len(read), "kinds": reports.summarize(read)}
+
+
+def stats(layer: ObjectLayer, max_bytes: int, keyring: Keyring = NO_KEYS) -> dict[str, Any]:
     entries = [e for e in inventory.scan(layer, max_bytes) if e.manifest is not None]
     stamps = [e.manifest.created_at for e in entries if e.manifest is not None]
     bundles = [e for e in inventory.scan(layer, max_bytes, inventory.CACHES) if e.manifest]
@@ -410,4 +433,5 @@ def stats(layer: ObjectLayer, max_bytes: int) -> dict[str, Any]:
         "cache_bundles": len(bundles),
         "cache_bundle_bytes": sum(e.manifest.total_size for e in bundles if e.manifest),
         "model_infos": len(inventory.names(layer, inventory.MODEL_INFO)),
+        "boot_reports": reports_read(layer, keyring),
     }

@@ -73,7 +73,8 @@ _COMMAND_HELP = {
     "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
     "with none is deleted), and abandoned temp files of local stores",
     "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
-    "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts",
+    "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts, what "
+    "the reported boots decided and rebuilt anyway",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
     "explain": "why a node's factors found no plan: the stored plans nearest to them, each "
     "with the factors that differ (stored value and the node's)",

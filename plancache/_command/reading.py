@@ -198,11 +198,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Counts, bytes, oldest and newest plan, devices seen; compile artifacts and cache
-    bundles with their bytes (``--json`` adds the artifacts' oldest and newest and the model
-    infos: every field is listed in docs/cli.md)."""
+    bundles with their bytes; per kind, what the reported boots decided and rebuilt anyway
+    (``--json`` adds the artifacts' oldest and newest and the model infos: every field is
+    listed in docs/cli.md)."""
     store = open_named(args, args.url)
     s = inventory.stats(store)
-    a = artifact_commands.stats(store.layer, max_artifact_bytes())
+    a = artifact_commands.stats(store.layer, max_artifact_bytes(), store.keyring)
     if args.json:
         print_json({**dataclasses.asdict(s), **a})
         return 0
@@ -217,4 +218,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         echo(f"compile  {plural(a['artifacts'], 'artifact')}, {size(a['artifact_bytes'])}")
     if a["cache_bundles"]:
         echo(f"caches   {plural(a['cache_bundles'], 'bundle')}, {size(a['cache_bundle_bytes'])}")
+    booted = a["boot_reports"]
+    if booted["stored"]:
+        echo(f"boots    {booted['read']} reported (the newest of {booted['stored']} stored)")
+    width = max(map(len, booted["kinds"]), default=0)
+    for kind, row in booted["kinds"].items():
+        results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))
+        rebuilt = f"rebuilt {row['rebuilt']} on {plural(row['boots_rebuilt'], 'boot')}"
+        echo(f"  {kind.ljust(width)}  {plural(row['boots'], 'boot')}: {results or '-'}; {rebuilt}")
     return 0

@@ -20,6 +20,13 @@ read, resolve, verify, remove, prune, copy, stats) and these rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TypeVar
+
+T = TypeVar("T")
+WORKERS = 8
+"""Threads a verb reads a store's entries on."""
 UNREADABLE_HERE = "unreadable here: kept"
 """How a verb reports what this process cannot read, and therefore keeps."""
 
@@ -29,3 +36,22 @@ def prunable(created_at: float, older_than: float, now: float) -> bool:
     more than that after it (a clock that far ahead would keep an entry forever; the small
     skews of a fleet's clocks are kept)."""
     return abs(now - created_at) > older_than
+
+
+def parallel(
+    func: Callable[[str], T],
+    items: Sequence[str],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[T]:
+    """``func`` over ``items`` on a few threads, results in order; ``progress(done, total)``
+    after each. The first failure is raised at once and the work not yet started dropped."""
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    try:
+        futures = [pool.submit(func, item) for item in items]
+        for done, future in enumerate(as_completed(futures), 1):
+            future.result()
+            if progress is not None:
+                progress(done, len(items))
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(cancel_futures=True)

@@ -1,5 +1,5 @@
-"""Listing, verifying, copying and pruning the compile artifacts, cache bundles and model
-info of any store, on its object layer (a library for the command line).
+"""Listing, verifying, copying and pruning the compile artifacts, cache bundles, model info
+and boot reports of any store, on its object layer (a library for the command line).
 
 The rules every kind's inventory keeps (``plancache._inventory.plans`` keeps them for plans):
 
@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from plancache._artifacts import modelinfo
-from plancache._artifacts.archive import Readable, install, install_cache, read_manifest
+from plancache._artifacts import modelinfo, reports
+from plancache._artifacts.archive import install, install_cache, read_manifest
 from plancache._artifacts.manifest import (
     CACHE_PREFIX,
     DEFAULT_MAX_BYTES,
     NAME_PREFIX,
+    Readable,
     parse_artifact_object_name,
     parse_cache_name,
 )
@@ -88,15 +89,34 @@ def _check_bundle(
         raise ArtifactError("its files are not those its name says")
 
 
-def _check_info(
-    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
-) -> None:
-    info = modelinfo.read(stream)
-    if info.name != name:
-        raise ArtifactError("its envelope names another module, class or source")
-    why = accept(info)
-    if why is not None:
-        raise Refused(why.refusal, why.detail, "model info")
+def _envelope_kind(
+    label: str,
+    prefix: str,
+    named: Callable[[str], bool],
+    read: Callable[[Readable], Head],
+    misnamed: str,
+) -> CodeKind:
+    """A kind whose object is one envelope (model info, a boot report): its head is the whole
+    object, decoded; its check that, its name (else ``misnamed``) and the keys' verdict."""
+
+    def check(
+        stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
+    ) -> None:
+        head = read(stream)
+        if head.name != name:  # type: ignore[attr-defined]
+            raise ArtifactError(misnamed)
+        why = accept(head)
+        if why is not None:
+            raise Refused(why.refusal, why.detail, label)
+
+    return CodeKind(
+        label,
+        prefix,
+        named,
+        lambda stream, max_bytes: read(stream),
+        lambda head, name: head.name == name,  # type: ignore[attr-defined]
+        check,
+    )
 
 
 ARTIFACTS = CodeKind(
@@ -115,15 +135,21 @@ CACHES = CodeKind(
     lambda head, name: head.name == name,  # type: ignore[attr-defined]
     _check_bundle,
 )
-MODEL_INFO = CodeKind(
+MODEL_INFO = _envelope_kind(
     "model info",
     modelinfo.NAME_PREFIX,
     modelinfo.is_model_info_object_name,
-    lambda stream, max_bytes: modelinfo.read(stream),
-    lambda head, name: head.name == name,  # type: ignore[attr-defined]
-    _check_info,
+    modelinfo.read,
+    "its envelope names another module, class or source",
 )
-KINDS = (ARTIFACTS, CACHES, MODEL_INFO)
+REPORTS = _envelope_kind(
+    "boot report",
+    reports.NAME_PREFIX,
+    reports.is_report_object_name,
+    reports.read,
+    "its envelope is not the report its name says",
+)
+KINDS = (ARTIFACTS, CACHES, MODEL_INFO, REPORTS)
 """Every code kind the inventory knows, in the order the command shows them."""
 
 

@@ -22,12 +22,12 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from plancache._backends.local import LocalStore
 from plancache._breaker import Breaker
+from plancache._inventory import parallel
 from plancache._inventory import prunable as prunable
 from plancache._keys import is_key_prefix
 from plancache._observation import Observation, Tombstone
@@ -40,10 +40,6 @@ from plancache.errors import (
     PlanStoreReadOnlyError,
     UnsupportedSchemaError,
 )
-
-T = TypeVar("T")
-WORKERS = 8
-"""Threads reading or writing records at once."""
 
 
 @dataclass(frozen=True)
@@ -86,25 +82,6 @@ def model(plan: Plan) -> str:
     return str(plan.labels.get(MODEL_LABEL, "-"))
 
 
-def _parallel(
-    func: Callable[[str], T],
-    items: Sequence[str],
-    progress: Callable[[int, int], None] | None = None,
-) -> list[T]:
-    """``func`` over ``items`` on a few threads, results in order; ``progress(done, total)``
-    after each. The first failure is raised at once and the work not yet started dropped."""
-    pool = ThreadPoolExecutor(max_workers=WORKERS)
-    try:
-        futures = [pool.submit(func, item) for item in items]
-        for done, future in enumerate(as_completed(futures), 1):
-            future.result()
-            if progress is not None:
-                progress(done, len(items))
-        return [future.result() for future in futures]
-    finally:
-        pool.shutdown(cancel_futures=True)
-
-
 def read_entry(store: PlanStore, fp: str) -> PlanRecord | None:
     """The record under ``fp``, checked against every rule of the format and judged by the
     store's keys; None if absent. An entry that is no record at all (a local FIFO, directory
@@ -139,7 +116,7 @@ def judge(store: PlanStore, fp: str, raw: bytes) -> PlanRecord:
 def scan(store: PlanStore) -> list[PlanRecord]:
     """Every record in ``store``, in fingerprint order (those deleted meanwhile left out)."""
     fps = sorted(store.iter_fingerprints())
-    return [e for e in _parallel(lambda fp: read_entry(store, fp), fps) if e is not None]
+    return [e for e in parallel(lambda fp: read_entry(store, fp), fps) if e is not None]
 
 
 def resolve(store: PlanStore, prefixes: Sequence[str]) -> list[str]:
@@ -311,7 +288,7 @@ def copy(
             return "rejected"
         return dst.put(entry.plan).value
 
-    counts = Counter(_parallel(copy_one, sorted(src.iter_fingerprints()), progress))
+    counts = Counter(parallel(copy_one, sorted(src.iter_fingerprints()), progress))
     return CopyCounts(
         created=counts[PutOutcome.CREATED.value],
         replaced=counts[PutOutcome.REPLACED.value],

@@ -18,8 +18,8 @@ reads or writes), plus:
   Triton wrote);
 - **rebuilt anyway**: a kernel this process compiled (Triton stored its group file) after its
   pull installed bundles is counted; at the push, one WARNING names how many and which,
-  with the likely causes, and the metric ``plancache_rebuilt_total{kind="triton"}`` counts
-  them;
+  with the likely causes, and ``plancache_rebuilt_total{kind="cache_triton"}`` counts them
+  (``report_rebuilt``, which the vLLM plugin calls too);
 - **push**: at the process's exit (``atexit``), the kernels this process compiled or used
   (their key directories) that no bundle it pulled holds are stored as one bundle
   (``CacheShare.push``), waited for at most ``PLANCACHE_COMPILE_EXIT_WAIT`` seconds, then
@@ -149,22 +149,7 @@ class _Session:
         with self.lock:
             compiled, self.compiled = self.compiled, []
             bundles = self.bundles
-        if not compiled:
-            return 0
-        names = sorted(
-            {name.removeprefix(GROUP_PREFIX).removesuffix(".json") for _, name in compiled}
-        )
-        log.warning(
-            "plancache: triton cache: %d kernels compiled although %d bundles were installed "
-            "(%s): no pulled bundle holds their keys; likely a kernel not shared yet, or a "
-            "setting in Triton's key that differs between the nodes (TRITON_* variables, the "
-            "Triton, CUDA or driver version)",
-            len(compiled),
-            bundles,
-            ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
-        )
-        metrics.rebuilt("triton", len(compiled))
-        return len(compiled)
+        return report_rebuilt([name for _, name in compiled], bundles)
 
     def push(self) -> CachePushed | None:
         """Store the files of the touched key directories that no pulled or pushed bundle
@@ -192,6 +177,38 @@ class _Session:
             or "not written",
         )
         return pushed
+
+
+def compiled_since(root: Path, known: frozenset[str]) -> list[str]:
+    """The group files (``<key>/__grp__<name>.json``: one per kernel Triton compiled) below
+    ``root`` that ``known`` (the paths of the bundles a fetch read) does not list."""
+    try:
+        found = [f"{p.parent.name}/{p.name}" for p in root.glob(f"*/{GROUP_PREFIX}*.json")]
+    except OSError:
+        return []
+    return sorted(rel for rel in found if rel not in known)
+
+
+def report_rebuilt(group_files: list[str], bundles: int) -> int:
+    """Where ``bundles`` were installed, one WARNING naming the kernels of ``group_files``
+    (compiled although they were: none of them held these) and the metric
+    ``plancache_rebuilt_total{kind="cache_triton"}``; how many."""
+    if not group_files or not bundles:
+        return 0
+    names = sorted(
+        {Path(f).name.removeprefix(GROUP_PREFIX).removesuffix(".json") for f in group_files}
+    )
+    log.warning(
+        "plancache: triton cache: %d kernels compiled although %d bundles were installed "
+        "(%s): no pulled bundle holds their keys; likely a kernel not shared yet, or a "
+        "setting in Triton's key that differs between the nodes (TRITON_* variables, the "
+        "Triton, CUDA or driver version)",
+        len(group_files),
+        bundles,
+        ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
+    )
+    metrics.rebuilt("cache_triton", len(group_files))
+    return len(group_files)
 
 
 def _files(root: Path, keys: set[str]) -> tuple[set[str], set[str]]:

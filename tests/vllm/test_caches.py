@@ -61,8 +61,22 @@ def test_a_new_node_compiles_no_triton_kernel_a_warm_node_would_not(tmp_path: Pa
     assert new["compiled"] == 1, log[-3000:]  # the three shared load; the fourth is new
     assert "triton cache: hit, 1 bundles" in log
     assert len(list(open_store(str(store)).layer.list_objects("cache_triton_"))) == 2  # its delta
+    assert "triton cache: 1 kernels compiled although 1 bundles were installed" in log
     third, log = _run("triton_node.py", tmp_path / "third", store, "--kernels", "4")
     assert third["compiled"] == 0, log[-3000:]
+    assert "compiled although" not in log  # every kernel it used was shared
+    stats = subprocess.run(
+        [sys.executable, "-m", "plancache", "stats", "--json", str(store)],
+        env=child_env([REPO]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    booted = json.loads(stats.stdout)["boot_reports"]
+    assert booted["stored"] == booted["read"] == 4, stats.stderr  # one per node's boot
+    triton = booted["kinds"]["cache_triton"]
+    assert (triton["boots"], triton["rebuilt"], triton["boots_rebuilt"]) == (4, 1, 1)
+    assert triton["results"] == {"miss": 1, "hit": 3}
 
 
 def test_what_a_load_and_warm_up_add_to_inductor_cache_reaches_new_nodes(

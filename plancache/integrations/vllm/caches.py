@@ -49,9 +49,12 @@ from types import ModuleType
 from typing import Any
 
 from plancache import _background as background
+from plancache import _metrics as metrics
+from plancache._artifacts import reports
 from plancache._artifacts.store import ArtifactStore
 from plancache._background import Job
 from plancache.caches import GeneratedCache, directory_cache, triton_cache
+from plancache.integrations import triton
 from plancache.integrations.vllm import compile
 from plancache.integrations.vllm.apply import safely
 
@@ -66,6 +69,8 @@ _lock = threading.Lock()
 _fetching: Job[None] | None = None
 _known: dict[GeneratedCache, set[str]] = {}
 """The paths the bundles read at the fetch list, per cache."""
+_bundles: dict[GeneratedCache, int] = {}
+"""How many bundles the fetch read, per cache."""
 _ready = False
 
 
@@ -171,6 +176,7 @@ def _fetch_all() -> None:
         fetched = artifacts.fetch_cache(cache.kind, cache.scope, cache.root)
         with _lock:
             _known.setdefault(cache, set()).update(fetched.known)
+            _bundles[cache] = _bundles.get(cache, 0) + fetched.bundles
         log.info(
             "plancache: %s cache: %s, %d bundles, %d files installed (%.3f s)",
             cache.kind,
@@ -203,12 +209,21 @@ def _upload_all(earlier: list[Job[object]]) -> None:
     compile.upload_additions(artifacts)
     for cache in caches():
         _upload(artifacts, cache)
+    tally = metrics.tally()
+    if not tally:  # this process decided nothing: nothing to report
+        return
+    report = reports.made(tally, compile.producer(), artifacts.keyring)
+    written = artifacts.upload_report(report)
+    log.info("plancache: boot report %s: %s", report.name, written or "not written")
 
 
 def _upload(artifacts: ArtifactStore, cache: GeneratedCache) -> None:
     start = time.monotonic()
     with _lock:
         known = frozenset(_known.get(cache, ()))
+        bundles = _bundles.get(cache, 0)
+    if cache.kind == "triton":  # kernels compiled although bundles were installed
+        triton.report_rebuilt(triton.compiled_since(cache.root, known), bundles)
     try:
         files, outcome = artifacts.upload_cache(
             cache.kind, cache.scope, cache.root, known, compile.producer()
