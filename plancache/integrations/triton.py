@@ -181,7 +181,8 @@ class _Session:
 
 def compiled_since(root: Path, known: frozenset[str]) -> list[str]:
     """The group files (``<key>/__grp__<name>.json``: one per kernel Triton compiled) below
-    ``root`` that ``known`` (the paths of the bundles a fetch read) does not list."""
+    ``root`` that ``known`` (the paths of the bundles a fetch read, and of the files there
+    before it) does not list."""
     try:
         found = [f"{p.parent.name}/{p.name}" for p in root.glob(f"*/{GROUP_PREFIX}*.json")]
     except OSError:

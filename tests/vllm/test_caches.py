@@ -5,6 +5,7 @@ warm-up add to a compile artifact's ``inductor_cache/`` (real vLLM 0.33 on CPU).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,14 @@ def test_a_new_node_compiles_no_triton_kernel_a_warm_node_would_not(tmp_path: Pa
     triton = booted["kinds"]["cache_triton"]
     assert (triton["boots"], triton["rebuilt"], triton["boots_rebuilt"]) == (4, 1, 1)
     assert triton["results"] == {"miss": 1, "hit": 3}
+    # a node whose directory holds a kernel from an earlier boot that no bundle holds: it
+    # compiles nothing, and that kernel is not reported as rebuilt (it uploads it)
+    _run("triton_node.py", tmp_path / "earlier", tmp_path / "other-store", "--kernels", "5")
+    shutil.copytree(tmp_path / "earlier" / "triton", tmp_path / "restarted" / "triton")
+    restarted, log = _run("triton_node.py", tmp_path / "restarted", store, "--kernels", "5")
+    assert restarted["compiled"] == 0, log[-3000:]
+    assert "compiled although" not in log, log[-3000:]
+    assert "new files stored" in log, log[-3000:]
 
 
 def test_what_a_load_and_warm_up_add_to_inductor_cache_reaches_new_nodes(

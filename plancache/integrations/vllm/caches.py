@@ -26,7 +26,11 @@ kernels are included; a process without a ``Worker`` calls it itself) stores, in
 thread after the uploads already running, each cache's files that no bundle read at the
 fetch lists, as one bundle (a delta, named by its content: nodes that add the same files
 write one object), and the compile artifacts' additions. Waited for at exit like every
-upload (``PLANCACHE_COMPILE_EXIT_WAIT``). Nothing here raises into vLLM.
+upload (``PLANCACHE_COMPILE_EXIT_WAIT``). Before it, Triton kernels this boot compiled
+although the fetch installed bundles (group files neither there at the fetch's start nor in
+a bundle read) are reported (``triton.report_rebuilt``: one WARNING, the metric); after it,
+this process's boot report is stored (``plancache._artifacts.reports``: what it decided
+per kind and rebuilt anyway; none where it decided nothing). Nothing here raises into vLLM.
 
 Left out, and why: DeepGEMM's JIT cache (its kernel directories are judged complete by
 DeepGEMM's own C++ runtime, which is not in vLLM's source, so a file-by-file install could
@@ -71,6 +75,8 @@ _known: dict[GeneratedCache, set[str]] = {}
 """The paths the bundles read at the fetch list, per cache."""
 _bundles: dict[GeneratedCache, int] = {}
 """How many bundles the fetch read, per cache."""
+_before: dict[GeneratedCache, frozenset[str]] = {}
+"""Triton's group files already there when the fetch started: not compiled by this boot."""
 _ready = False
 
 
@@ -173,6 +179,10 @@ def _fetch_all() -> None:
     if artifacts is None:
         return
     for cache in caches():
+        if cache.kind == "triton":
+            there = frozenset(triton.compiled_since(cache.root, frozenset()))
+            with _lock:
+                _before[cache] = there
         fetched = artifacts.fetch_cache(cache.kind, cache.scope, cache.root)
         with _lock:
             _known.setdefault(cache, set()).update(fetched.known)
@@ -222,8 +232,9 @@ def _upload(artifacts: ArtifactStore, cache: GeneratedCache) -> None:
     with _lock:
         known = frozenset(_known.get(cache, ()))
         bundles = _bundles.get(cache, 0)
-    if cache.kind == "triton":  # kernels compiled although bundles were installed
-        triton.report_rebuilt(triton.compiled_since(cache.root, known), bundles)
+        before = _before.get(cache, frozenset())
+    if cache.kind == "triton":  # kernels this boot compiled although bundles were installed
+        triton.report_rebuilt(triton.compiled_since(cache.root, known | before), bundles)
     try:
         files, outcome = artifacts.upload_cache(
             cache.kind, cache.scope, cache.root, known, compile.producer()
