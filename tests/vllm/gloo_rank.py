@@ -8,21 +8,41 @@ but never boot (a peer that does not reach the agreement). After the boot, each 
 all-reduces ``rank + 1`` and reports the sum: a pending collective would pair with it;
 ``marked``: whether the rank held a crash mark between the decision and the warm-up.
 The checkout's root must be on ``PYTHONPATH``.
+
+Every way out ends with ``_exit``, once the plugin's background writes are done: gloo's
+worker threads release a finished collective's tensors on their own time, and a tensor
+released while the interpreter finalizes takes the GIL there, which ends that thread with
+a forced unwind through a ``noexcept`` destructor: ``std::terminate``, SIGABRT
+("terminate called without an active exception"), about once in 50 boots on a loaded
+machine. ``destroy_process_group`` does not wait for those threads.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 import plancache.integrations.vllm as plugin
 from plancache.errors import RankAgreementError
+from plancache.integrations.vllm.save import wait_saved
 from tests.vllm.support import load_standin, use_fake_runtime
+
+
+def exit_now(report: dict[str, object], worker: object = None) -> NoReturn:
+    """Print ``report`` as the last line, wait (10 s at most) for ``worker``'s background
+    store writes, and end the process without finalizing the interpreter."""
+    print(json.dumps(report), flush=True)
+    if worker is not None:
+        wait_saved(worker, 10.0)
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str]) -> None:
@@ -38,8 +58,7 @@ def main(argv: list[str]) -> None:
     )
     if idle:
         time.sleep(2 * timeout)
-        print(json.dumps({"rank": rank, "idle": True}), flush=True)
-        return
+        exit_now({"rank": rank, "idle": True})
     use_fake_runtime()
     module = load_standin()
     plugin.patch_worker_module(module)
@@ -55,15 +74,13 @@ def main(argv: list[str]) -> None:
         marked = boot is not None and boot.mark is not None  # held while a plan is applied
         worker.compile_or_warm_up_model()
     except RankAgreementError as exc:
-        seconds = time.perf_counter() - start
-        print(json.dumps({"rank": rank, "error": str(exc), "seconds": seconds}), flush=True)
-        return
+        exit_now({"rank": rank, "error": str(exc), "seconds": time.perf_counter() - start}, worker)
     seconds = time.perf_counter() - start
     total = torch.tensor([rank + 1])
     dist.all_reduce(total)
     report = {"rank": rank, "kv": kv, "events": worker.events, "seconds": seconds, "marked": marked}
-    print(json.dumps({**report, "next_collective": int(total.item())}), flush=True)
     dist.destroy_process_group()
+    exit_now({**report, "next_collective": int(total.item())}, worker)
 
 
 if __name__ == "__main__":
