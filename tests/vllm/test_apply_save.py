@@ -4,6 +4,7 @@ values, failing stores, and the public ``maybe_*_startup_plan`` functions."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -204,3 +205,34 @@ def test_the_timing_data_never_steers_the_decision(
     boot.costs["load_model"] = 60.0  # as if load_model had been slow to enter
     assert worker.determine_available_memory() == 30 * GiB
     assert boot.mode is BootMode.APPLIED
+
+
+def test_the_budget_runs_from_the_lookups_start(
+    gpu: ModuleType, store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that never answers, weights that load for longer than the budget: the join
+    after them waits for nothing (it waited the whole budget again before)."""
+    booted(gpu.Worker(profiled_kv=30 * GiB))  # a plan the dead store would have served
+    answer = threading.Event()
+
+    class Dead(PlanStore):
+        def _read(self, fp: str) -> tuple[bytes, object] | None:
+            answer.wait(30)
+            return super()._read(fp)
+
+    budget = 3.0
+    monkeypatch.setattr(apply, "_cache", PlanCache(Dead(LocalStore(store_dir)), timeout=budget))
+    worker = gpu.Worker()
+    try:
+        worker.load_model()
+        boot = apply.boot_of(worker)
+        assert boot is not None and boot.pending is not None
+        time.sleep(max(0.0, boot.pending.started + budget - time.perf_counter()) + 0.1)
+        start = time.perf_counter()
+        worker.determine_available_memory()
+        after_weights = time.perf_counter() - start
+    finally:
+        answer.set()
+    assert boot.decision is not None and boot.decision.reason == "timeout"
+    assert boot.mode is BootMode.PROFILING
+    assert after_weights < budget / 2  # about 0 s; the whole budget (3 s) before

@@ -104,7 +104,9 @@ class Boot:
     tally: Tally | None = None
     spent: float = 0.0
     """Seconds of the lookup's time budget that ``begin`` spent before the lookup started
-    (the key): the decision waits for the lookup (recovery and fetch) at most what is left."""
+    (the key). The budget runs from ``begin``: the decision waits for the lookup (recovery
+    and fetch) at most what is left of it when the weights are loaded, so a store slower
+    than the weights' loading costs no wait after them."""
     saved: bool = False
     """True once this boot's save was taken (run, or started in the background): never again."""
     saving: Job[Recorded | None] | None = None
@@ -292,7 +294,8 @@ def _disarm(boot: Boot) -> None:
 
 
 def decide(worker: WorkerLike) -> Decision | None:
-    """Join the fetch (waiting at most what is left of the budget), vote with every rank,
+    """Join the fetch (waiting at most what is left of the budget that started at
+    ``begin``), vote with every rank,
     then apply or profile; once per worker. The decision, or None when nothing was looked up.
     Raises only ``RankAgreementError``."""
     boot = boot_of(worker) or safely(begin, worker)
@@ -325,7 +328,7 @@ def _vote(worker: WorkerLike, boot: Boot) -> Vote:
         explicit = worker.cache_config.kv_cache_memory_bytes is not None
         return Vote.EXPLICIT if explicit else Vote.PROFILE
     boot.compiles = safely(boot_compiles, worker)
-    wait = get_cache().timeout - boot.spent
+    wait = get_cache().timeout - boot.spent - (time.perf_counter() - boot.pending.started)
     figures = memory_figures(worker)
     budget = Budget(figures.requested_memory, figures.weights_memory)
     boot.decision = decision = boot.pending.result(wait, budget=budget, compiles=boot.compiles)
