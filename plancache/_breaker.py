@@ -56,7 +56,9 @@ import orjson
 
 from plancache import _background as background
 from plancache._backends.local import LocalStore
+from plancache._directory import Directory
 from plancache._keys import validate_key
+from plancache._neighbours import foreign
 from plancache._observation import Observation
 from plancache._reasons import Reason
 
@@ -79,7 +81,6 @@ LOCK = "flock"
 """The ``lock`` field of a mark whose writer holds an ``flock`` on it while it exists."""
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _held: dict[Path, int] = {}
 """The descriptor holding the lock of each mark this process armed, until disarmed."""
 _distrusted = threading.Event()
@@ -94,11 +95,6 @@ def _boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def _trusted(st: os.stat_result) -> bool:
-    """True if no user but this one and root can write the file or directory ``st`` is of."""
-    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & _OTHERS_WRITE
 
 
 def _distrust(path: Path, st: os.stat_result) -> None:
@@ -352,27 +348,27 @@ class Breaker:
                 os.close(fd)
 
     def _open_dir(self, create: bool) -> int | None:
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        try:
-            fd = os.open(self.directory, flags)
-        except FileNotFoundError:
-            if not create:
+        """The directory's descriptor, through its guarded handle (its parent the anchor: a
+        link planted as the directory is never followed); judged by the one foreign-writer
+        rule (made private first where it is this user's and ``create``)."""
+        anchor, name = self.directory.parent, self.directory.name
+        if create:
+            held = Directory.make(anchor, name, mode=0o700)
+        else:
+            found = Directory.open(anchor, name)
+            if found is None:
                 return None
-            self.directory.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                self.directory.mkdir(0o700)
-            fd = os.open(self.directory, flags)
+            held = found
         try:
-            st = os.fstat(fd)
-            if create and st.st_uid == os.geteuid() and st.st_mode & _OTHERS_WRITE:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_OTHERS_WRITE)
-                st = os.fstat(fd)
+            if create:
+                held.private()
+            st = os.fstat(held.fd)
         except BaseException:
-            os.close(fd)
+            held.close()
             raise
-        if _trusted(st):
-            return fd
-        os.close(fd)
+        if foreign(st, "the directory") is None:
+            return held.fd
+        held.close()
         _distrust(self.directory, st)
         if create:
             raise PermissionError("another user can write the directory")
@@ -395,7 +391,7 @@ class Breaker:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                if not _trusted(st):
+                if foreign(st, name) is not None:
                     _distrust(self.directory / name, st)
                     continue
                 mark = Mark.parse(self.directory / name, os.read(fd, MAX_MARK_BYTES))

@@ -76,10 +76,10 @@ class Directory:
     def make(
         cls, anchor: Path, relative: str = "", *, mode: int = 0o755, judge_anchor: bool = False
     ) -> Directory:
-        """``open``, each directory absent on the way made with ``mode`` (the anchor's
-        parents too)."""
+        """``open``, each directory absent below the anchor made with ``mode`` (the anchor
+        and its parents, where absent, as ``os.makedirs`` makes them)."""
         with contextlib.suppress(FileExistsError):
-            os.makedirs(anchor, mode)
+            os.makedirs(anchor)
         made = cls._open(anchor, relative, judge_anchor, mode)
         if made is None:
             raise FileNotFoundError(errno.ENOENT, "removed as it was made", str(anchor))
@@ -125,12 +125,14 @@ class Directory:
             raise
         return Directory(fd, where, why)
 
-    def private(self) -> None:
-        """Take the group's and others' write permission from this directory where it is
-        this user's (a directory made under umask 002), judged and changed by descriptor."""
+    def private(self, mode: int = 0o755) -> None:
+        """Where this directory is this user's, take from its group and others what ``mode``
+        does not grant them (the default: writing, as the one rule asks; a directory made
+        under umask 002 is 0775), by descriptor; its ``foreign`` is judged again."""
         st = os.fstat(self.fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o022:
-            os.fchmod(self.fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        taken = st.st_mode & 0o077 & ~mode
+        if st.st_uid == os.geteuid() and taken:
+            os.fchmod(self.fd, stat.S_IMODE(st.st_mode) & ~taken)
         self.foreign = foreign(os.fstat(self.fd), f"directory {self.path}")
 
     def close(self) -> None:

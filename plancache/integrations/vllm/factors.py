@@ -186,7 +186,7 @@ def keep_for_explain(
     ``OSError`` (``PermissionError``: a directory another user could write)."""
     data = orjson.dumps({"factors": dict(factors), "labels": dict(labels)})
     with Directory.make(Path(local_dir), EXPLAIN_DIR, mode=0o700) as directory:
-        directory.private()
+        directory.private(0o700)
         if directory.foreign is not None:
             raise PermissionError(f"not kept: {directory.foreign}")
         directory.write(f"{fp}.json", data)
