@@ -152,6 +152,15 @@ class Directory:
             return got
         return Read(got.data, got.st, self.foreign)
 
+    def open_file(self, name: str) -> tuple[int, os.stat_result, Foreign | None] | None:
+        """A read-only descriptor of the regular file ``name`` here (or ``a/b`` below), opened
+        as ``read`` opens it, its ``fstat`` and why another user could have written it or
+        this directory; None where absent. The caller closes it."""
+        opened = open_below(self.fd, self.path, name)
+        if opened is None or self.foreign is None:
+            return opened
+        return opened[0], opened[1], self.foreign
+
     def lstat(self, name: str) -> os.stat_result | None:
         """The entry ``name``'s own ``lstat`` (a link's, never its target's); None if absent."""
         try:
@@ -211,7 +220,7 @@ class Directory:
         """Rename this directory's entry ``name`` to ``to``'s ``as_name`` (by descriptors)."""
         os.rename(name, as_name, src_dir_fd=self.fd, dst_dir_fd=to.fd)
 
-    def unlink(self, name: str, judged: os.stat_result) -> bool:
+    def remove(self, name: str, judged: os.stat_result) -> bool:
         """Remove the entry ``name`` if it is still the one ``judged`` (device and inode);
         False if it is gone or another one."""
         now = self.lstat(name)
@@ -220,6 +229,16 @@ class Directory:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=self.fd)
         return True
+
+    def make_temp(self, prefix: str) -> tuple[str, Directory]:
+        """A new private (0700) directory here under a fresh name starting with ``prefix``
+        (host, pid, random): its name and handle."""
+        name = f"{prefix}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        os.mkdir(name, 0o700, dir_fd=self.fd)
+        made = self.sub(name)
+        if made is None:
+            raise FileNotFoundError(errno.ENOENT, "removed as it was made", str(self.path / name))
+        return name, made
 
     def remove_tree(self, name: str) -> None:
         """Remove the directory ``name`` here and all below it, never following a link

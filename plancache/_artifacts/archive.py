@@ -23,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
-import shutil
-import socket
 import stat
 import tarfile
 import time
@@ -273,7 +270,7 @@ def regroup(directory: Directory, name: str, where: Path) -> bool:
             rooted[child] = str(where / base)
     except (OSError, ValueError, KeyError, TypeError, InvalidPlanError):
         return False
-    directory.unlink(name, read.st)
+    directory.remove(name, read.st)
     with os.fdopen(directory.create(name, stat.S_IMODE(read.st.st_mode)), "wb") as f:
         f.write(orjson.dumps({"child_paths": rooted}))
     return True
@@ -300,12 +297,8 @@ def _verified(
     if reason is not None:
         raise refused(reason)
     with Directory.make(target) as root:
-        name = f"{TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        os.mkdir(name, 0o700, dir_fd=root.fd)
+        name, temp = root.make_temp(TEMP_PREFIX)
         try:
-            temp = root.sub(name)
-            if temp is None:
-                raise ArtifactError("the install's temp directory vanished")
             with temp, Below(temp, create=True) as below:
                 for entry in manifest.files:
                     _extract(stream, below, entry, progress)
@@ -321,19 +314,28 @@ def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[
     """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory: its
     artifacts, and the bundles installed into its ``inductor_cache``; a generated cache's
     root) left more than ``older_than`` seconds ago: their boots were killed mid-install."""
+    return [where.path / name for where, name in _partial(target, older_than, remove=False)]
+
+
+def _partial(target: Path, older_than: float, *, remove: bool) -> list[tuple[Directory, str]]:
+    """(directory, name) of each partial install, listed through the guarded handles of
+    ``target`` and its ``inductor_cache`` (never a link followed); removed if ``remove``."""
     cutoff = time.time() - older_than
-    entries = []
-    for where in (target, target / INDUCTOR_DIR):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            entries += list(os.scandir(where))
     out = []
-    for entry in entries:
-        if not entry.name.startswith(TEMP_PREFIX):
+    for relative in ("", INDUCTOR_DIR):
+        try:
+            where = Directory.open(target, relative)
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
-                out.append(Path(entry.path))
+        if where is None:
+            continue
+        with where:
+            for name in where.names():
+                st = where.lstat(name) if name.startswith(TEMP_PREFIX) else None
+                if st is not None and stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
+                    out.append((where, name))
+                    if remove:
+                        where.remove_tree(name)
     return out
 
 
@@ -341,10 +343,7 @@ def remove_partial_installs(
     target: Path, older_than: float = STALE_INSTALL_S, *, dry_run: bool = False
 ) -> int:
     """Remove what ``partial_installs`` finds; how many were (or would be) removed."""
-    stale = partial_installs(target, older_than)
-    for path in stale if not dry_run else ():
-        shutil.rmtree(path, ignore_errors=True)
-    return len(stale)
+    return len(_partial(target, older_than, remove=not dry_run))
 
 
 def compile_cache(vllm_cache_root: Path) -> Path:

@@ -196,7 +196,7 @@ def keep_for_explain(
             if st is not None and stat.S_ISREG(st.st_mode):
                 kept.append((st.st_mtime, name, st))
         for _, name, st in sorted(kept, reverse=True)[MAX_EXPLAINED:]:
-            directory.unlink(name, st)
+            directory.remove(name, st)
         return directory.path / f"{fp}.json"
 
 
