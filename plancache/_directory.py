@@ -48,6 +48,12 @@ CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 """Flags of every new file below a guarded directory."""
 
 
+def fresh(prefix: str) -> str:
+    """A name no other process picks: ``prefix``, this host, this pid and random bits (a
+    directory may be shared across hosts)."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 class Directory:
     """A directory another local user could write, held as one descriptor: the only way
     plancache touches what is below it. Every component below the anchor is opened relative
@@ -57,50 +63,44 @@ class Directory:
     place by descriptors; reads are ``read_file``'s (regular files only, non-blocking,
     bounded); deletes unlink, by descriptor, the entry that was judged. ``foreign``: why
     another user could have written this directory or one on its way below the anchor (the
-    one rule, ``foreign``; the anchor's own mode too where the caller asks)."""
+    one rule, ``foreign``)."""
 
     def __init__(self, fd: int, path: Path, foreign: Foreign | None) -> None:
         self.fd, self.path, self.foreign = fd, path, foreign
 
     @classmethod
-    def open(
-        cls, anchor: Path, relative: str = "", *, judge_anchor: bool = False
-    ) -> Directory | None:
+    def open(cls, anchor: Path, relative: str = "") -> Directory | None:
         """The directory ``relative`` (``/``-separated, no ``..``; "" for the anchor) below
-        ``anchor`` (the configured directory: its own path may hold links; its own mode is
-        judged only if ``judge_anchor``); None where absent. Raises ``OddFileError`` (a link
-        or a file on the way) or ``OSError``."""
-        return cls._open(anchor, relative, judge_anchor, None)
+        ``anchor`` (the configured directory: its own path may hold links, and its own mode
+        is the caller's to judge); None where absent. Raises ``OddFileError`` (a link or a
+        file on the way) or ``OSError``."""
+        return cls._open(anchor, relative, None)
 
     @classmethod
-    def make(
-        cls, anchor: Path, relative: str = "", *, mode: int = 0o755, judge_anchor: bool = False
-    ) -> Directory:
-        """``open``, each directory absent below the anchor made with ``mode`` (the anchor
-        and its parents, where absent, as ``os.makedirs`` makes them)."""
+    def make(cls, anchor: Path, relative: str = "", *, mode: int = 0o777) -> Directory:
+        """``open``, each directory absent below the anchor made with ``mode`` (less the
+        umask, as ``mkdir`` makes it; the anchor and its parents, where absent, as
+        ``os.makedirs`` makes them)."""
         with contextlib.suppress(FileExistsError):
             os.makedirs(anchor)
-        made = cls._open(anchor, relative, judge_anchor, mode)
+        made = cls._open(anchor, relative, mode)
         if made is None:
-            raise FileNotFoundError(errno.ENOENT, "removed as it was made", str(anchor))
+            raise FileNotFoundError(errno.ENOENT, "absent or not a directory", str(anchor))
         return made
 
     @classmethod
-    def _open(
-        cls, anchor: Path, relative: str, judge_anchor: bool, mode: int | None
-    ) -> Directory | None:
+    def _open(cls, anchor: Path, relative: str, mode: int | None) -> Directory | None:
         try:
             fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        why = foreign(os.fstat(fd), f"directory {anchor}") if judge_anchor else None
-        top = cls(fd, anchor, why)
+        top = cls(fd, anchor, None)
         if not relative:
             return top
         with top:
-            return top.sub(relative, create=mode is not None, mode=mode or 0o755)
+            return top.sub(relative, create=mode is not None, mode=mode or 0o777)
 
-    def sub(self, relative: str, *, create: bool = False, mode: int = 0o755) -> Directory | None:
+    def sub(self, relative: str, *, create: bool = False, mode: int = 0o777) -> Directory | None:
         """The directory ``relative`` below this one, each component opened (made, where
         absent and ``create``) as ``open`` says; a new handle, the caller closes it."""
         fd, where, why = self.fd, self.path, self.foreign
@@ -147,10 +147,7 @@ class Directory:
     def read(self, name: str, limit: int) -> Read | None:
         """The regular file ``name`` here (or ``a/b`` below), read as ``read_file`` reads
         (``Read.foreign`` counts this directory's too); None where it is absent."""
-        got = read_opened(open_below(self.fd, self.path, name), limit, self.path / name)
-        if got is None or self.foreign is None:
-            return got
-        return Read(got.data, got.st, self.foreign)
+        return read_opened(self.open_file(name), limit, self.path / name)
 
     def open_file(self, name: str) -> tuple[int, os.stat_result, Foreign | None] | None:
         """A read-only descriptor of the regular file ``name`` here (or ``a/b`` below), opened
@@ -180,7 +177,7 @@ class Directory:
     def temp(self, prefix: str, mode: int = 0o600) -> tuple[str, int]:
         """A new file under a fresh name starting with ``prefix`` (host, pid, random) and its
         descriptor open for writing (``create``)."""
-        name = f"{prefix}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        name = f"{fresh(prefix)}.tmp"
         return name, self.create(name, mode)
 
     def write(self, name: str, data: bytes, mode: int = 0o600, *, replace: bool = True) -> bool:
@@ -233,7 +230,7 @@ class Directory:
     def make_temp(self, prefix: str) -> tuple[str, Directory]:
         """A new private (0700) directory here under a fresh name starting with ``prefix``
         (host, pid, random): its name and handle."""
-        name = f"{prefix}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        name = fresh(prefix)
         os.mkdir(name, 0o700, dir_fd=self.fd)
         made = self.sub(name)
         if made is None:
@@ -251,7 +248,7 @@ class Below:
     one opened (``Directory.sub``, made where absent if ``create``) is kept for the next
     path in the same directory; closed with this."""
 
-    def __init__(self, top: Directory, *, create: bool = False, mode: int = 0o755) -> None:
+    def __init__(self, top: Directory, *, create: bool = False, mode: int = 0o777) -> None:
         self.top, self.create, self.mode = top, create, mode
         self._last: tuple[str, Directory | None] | None = None
 

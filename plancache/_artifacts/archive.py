@@ -299,7 +299,7 @@ def _verified(
     with Directory.make(target) as root:
         name, temp = root.make_temp(TEMP_PREFIX)
         try:
-            with temp, Below(temp, create=True) as below:
+            with temp, Below(temp, create=True, mode=0o755) as below:
                 for entry in manifest.files:
                     _extract(stream, below, entry, progress)
                 if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
