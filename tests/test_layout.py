@@ -226,7 +226,8 @@ GUARDED = {"_directory.py", "_neighbours.py"}
 and the only home of the foreign-writer rule."""
 FILE_CALLS = {"write_bytes", "write_text", "mkdir", "unlink", "stat"}
 NOT_SHARED = {
-    # (module, call): why that call is not on a directory another local user could write
+    # (module, call): why it may: not on a directory another local user could write, or
+    # the local store's own atomic write path, kept as it was (issue 42) and judged by the rule
     ("_backends/local.py", ".mkdir"): "the local store's own write path, kept (issue 42): root",
     ("_backends/local.py", ".unlink"): "the local store's own write path: its own temp files",
     ("_backends/local.py", "os.unlink"): "the local store's own write path: delete, clean-up",
