@@ -56,7 +56,9 @@ import orjson
 
 from plancache import _background as background
 from plancache._backends.local import LocalStore
+from plancache._directory import Directory
 from plancache._keys import validate_key
+from plancache._neighbours import foreign
 from plancache._observation import Observation
 from plancache._reasons import Reason
 
@@ -77,9 +79,6 @@ MAX_AGE_S = 7 * 86400.0
 MAX_MARK_BYTES = 4096
 LOCK = "flock"
 """The ``lock`` field of a mark whose writer holds an ``flock`` on it while it exists."""
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _held: dict[Path, int] = {}
 """The descriptor holding the lock of each mark this process armed, until disarmed."""
 _distrusted = threading.Event()
@@ -94,11 +93,6 @@ def _boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def _trusted(st: os.stat_result) -> bool:
-    """True if no user but this one and root can write the file or directory ``st`` is of."""
-    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & _OTHERS_WRITE
 
 
 def _distrust(path: Path, st: os.stat_result) -> None:
@@ -257,7 +251,12 @@ class Breaker:
             return
         fd = _held.pop(mark.path, None)
         try:
-            mark.path.unlink(missing_ok=True)
+            with self._opened() as held:
+                if held is None:
+                    raise OSError("its directory is not usable")
+                st = os.fstat(fd) if fd is not None else held.lstat(mark.path.name)
+                if st is not None:
+                    held.remove(mark.path.name, st)
         except OSError as exc:
             log.warning("plancache: crash mark %s not removed: %s", mark.path, exc)
             if fd is not None:
@@ -277,21 +276,21 @@ class Breaker:
         ``PlanCache.lookup(..., avoid=...)``."""
         avoid: set[str] = set()
         crashed: list[Mark] = []
-        with self._opened() as dir_fd:
-            if dir_fd is None:
+        with self._opened() as held:
+            if held is None:
                 return frozenset()
-            for name, fd, mark in self._read(dir_fd, fingerprint):
+            for name, fd, mark in self._read(held, fingerprint):
                 if name.endswith(CRASHED_SUFFIX):
                     avoid.add(mark.observation.digest)
                 elif mark.locked and mark.process.gone(fd):
                     record = name.removesuffix(MARK_SUFFIX) + CRASHED_SUFFIX
                     try:  # under the lock just taken: one boot wins a mark
-                        os.rename(name, record, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                        held.rename(name, held, record)
                     except OSError:
                         continue
                     avoid.add(mark.observation.digest)
                     crashed.append(mark)
-            self._clean(dir_fd, self.max_age, keep=fingerprint)
+            self._clean(held, self.max_age, keep=fingerprint)
         for mark in crashed:
             o = mark.observation
             log.warning(
@@ -312,12 +311,12 @@ class Breaker:
 
     def avoided(self, fingerprint: str) -> frozenset[str]:
         """Digests of the observations of ``fingerprint`` a boot on this node crashed with."""
-        with self._opened() as dir_fd:
-            if dir_fd is None:
+        with self._opened() as held:
+            if held is None:
                 return frozenset()
             return frozenset(
                 mark.observation.digest
-                for name, _, mark in self._read(dir_fd, fingerprint)
+                for name, _, mark in self._read(held, fingerprint)
                 if name.endswith(CRASHED_SUFFIX)
             )
 
@@ -325,77 +324,77 @@ class Breaker:
         """Remove marks and crash records dated more than ``older_than`` (default ``max_age``)
         from now and past ``max_marks`` the oldest; returns how many were (or, with
         ``dry_run``, would be) removed. Never raises."""
-        with self._opened() as dir_fd:
-            if dir_fd is None:
+        with self._opened() as held:
+            if held is None:
                 return 0
             limit = self.max_age if older_than is None else older_than
-            return self._clean(dir_fd, limit, dry_run=dry_run)
+            return self._clean(held, limit, dry_run=dry_run)
 
     # -- files -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _opened(self, create: bool = False) -> Iterator[int | None]:
-        """A descriptor of the directory, or None where it is missing, unusable (logged) or
+    def _opened(self, create: bool = False) -> Iterator[Directory | None]:
+        """The directory's guarded handle, or None where it is missing, unusable (logged) or
         writable by another user (logged once per process). With ``create`` (to write a
         mark): created 0700 if missing, made private if it is ours, and ``OSError`` raised
         instead of None."""
         try:
-            fd = self._open_dir(create)
+            held = self._open_dir(create)
         except OSError as exc:
             if create:
                 raise
             log.warning("plancache: crash marks in %s not read: %s", self.directory, exc)
-            fd = None
+            held = None
         try:
-            yield fd
+            yield held
         finally:
-            if fd is not None:
-                os.close(fd)
+            if held is not None:
+                held.close()
 
-    def _open_dir(self, create: bool) -> int | None:
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        try:
-            fd = os.open(self.directory, flags)
-        except FileNotFoundError:
-            if not create:
+    def _open_dir(self, create: bool) -> Directory | None:
+        """The directory's descriptor, through its guarded handle (its parent the anchor: a
+        link planted as the directory is never followed); judged by the one foreign-writer
+        rule (made private first where it is this user's and ``create``)."""
+        anchor, name = self.directory.parent, self.directory.name
+        if create:
+            held = Directory.make(anchor, name, mode=0o700)
+        else:
+            found = Directory.open(anchor, name)
+            if found is None:
                 return None
-            self.directory.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                self.directory.mkdir(0o700)
-            fd = os.open(self.directory, flags)
+            held = found
         try:
-            st = os.fstat(fd)
-            if create and st.st_uid == os.geteuid() and st.st_mode & _OTHERS_WRITE:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_OTHERS_WRITE)
-                st = os.fstat(fd)
+            if create:
+                held.private()
+            st = os.fstat(held.fd)
         except BaseException:
-            os.close(fd)
+            held.close()
             raise
-        if _trusted(st):
-            return fd
-        os.close(fd)
+        if foreign(st, "the directory") is None:
+            return held
+        held.close()
         _distrust(self.directory, st)
         if create:
             raise PermissionError("another user can write the directory")
         return None
 
-    def _read(self, dir_fd: int, fingerprint: str) -> Iterator[tuple[str, int, Mark]]:
+    def _read(self, held: Directory, fingerprint: str) -> Iterator[tuple[str, int, Mark]]:
         """(name, open descriptor, mark) for each mark and crash record of ``fingerprint``: a
         regular file that no other user can write (others are logged, once per process),
         opened without following links or waiting; the descriptor is closed when the
         iteration moves on."""
         prefix = fingerprint[:16] + "."
-        for name in sorted(self._names(dir_fd)):
+        for name in sorted(self._names(held)):
             if not name.startswith(prefix):
                 continue
             try:
-                fd = os.open(name, _READ, dir_fd=dir_fd)
-            except OSError:  # gone, or a symbolic link
+                opened = held.open_file(name)
+            except OSError:  # a symbolic link, a FIFO, a device
                 continue
+            if opened is None:  # gone
+                continue
+            fd, st, why = opened
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if not _trusted(st):
+                if why is not None:
                     _distrust(self.directory / name, st)
                     continue
                 mark = Mark.parse(self.directory / name, os.read(fd, MAX_MARK_BYTES))
@@ -407,23 +406,23 @@ class Breaker:
                 os.close(fd)
 
     def _clean(
-        self, dir_fd: int, limit: float, *, dry_run: bool = False, keep: str | None = None
+        self, held: Directory, limit: float, *, dry_run: bool = False, keep: str | None = None
     ) -> int:
         """``clean`` in the open directory; the files of the key ``keep`` are only removed by
         age. Entries that are not regular files are skipped."""
         now = time.time()
-        files: list[tuple[float, str]] = []
-        for name in self._names(dir_fd):
+        files: list[tuple[float, str, os.stat_result]] = []
+        for name in self._names(held):
             try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                st = held.lstat(name)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
-                files.append((st.st_mtime, name))
+            if st is not None and stat.S_ISREG(st.st_mode):
+                files.append((st.st_mtime, name, st))
         files.sort(reverse=True)
         mine = None if keep is None else keep[:16] + "."
         kept = removed = 0
-        for mtime, name in files:
+        for mtime, name, st in files:
             if abs(now - mtime) <= limit and (
                 kept < self.max_marks or (mine is not None and name.startswith(mine))
             ):
@@ -431,18 +430,18 @@ class Breaker:
                 continue
             try:
                 if not dry_run:
-                    os.unlink(name, dir_fd=dir_fd)
+                    held.remove(name, st)
             except OSError as exc:
                 log.debug("plancache: crash mark %s not removed: %s", name, exc)
                 continue
             removed += 1
         return removed
 
-    def _names(self, dir_fd: int) -> list[str]:
+    def _names(self, held: Directory) -> list[str]:
         """Names of marks and crash records in the open directory (none if it cannot be
         listed: logged)."""
         try:
-            names = os.listdir(dir_fd)
+            names = held.names()
         except OSError as exc:
             log.warning("plancache: crash marks in %s not read: %s", self.directory, exc)
             return []
@@ -452,35 +451,30 @@ class Breaker:
         """Create ``name`` (0600, never following or replacing an entry), lock it, then write
         ``data``: a reader that sees the content knows that the lock was taken. Returns the
         descriptor that holds the lock; the fsync runs on a daemon thread."""
-        with self._opened(create=True) as dir_fd:
-            assert dir_fd is not None
-            fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
+        with self._opened(create=True) as held:
+            assert held is not None
+            fd = held.create(name, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.write(fd, data)
-                path = self.directory / name
-                background.start(lambda: _sync(path), "plancache-mark")
+                synced = (os.dup(fd), os.dup(held.fd))
+                background.start(lambda: _sync(name, *synced), "plancache-mark")
             except BaseException:
                 with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=dir_fd)
+                    held.remove(name, os.fstat(fd))
                 os.close(fd)
                 raise
         return fd
 
 
-def _sync(path: Path) -> None:
-    """fsync the file at ``path`` and its directory; a failure is logged (the mark is in
-    place either way)."""
+def _sync(name: str, fd: int, dir_fd: int) -> None:
+    """fsync the mark ``name`` and its directory (descriptors of both, closed here); a
+    failure is logged (the mark is in place either way)."""
     try:
-        fd = os.open(path, _READ)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        os.fsync(fd)
+        os.fsync(dir_fd)
     except OSError as exc:
-        log.debug("plancache: crash mark %s not synced: %s", path.name, exc)
+        log.debug("plancache: crash mark %s not synced: %s", name, exc)
+    finally:
+        os.close(fd)
+        os.close(dir_fd)

@@ -164,7 +164,7 @@ def rebuilt(kind: str, n: int) -> None:
 
 def left_out(kind: str, why: str, n: int) -> None:
     """Count ``n`` files an upload of ``kind`` left out, and why (``foreign``, ``odd``,
-    ``name``, ``cap``)."""
+    ``deep``, ``name``, ``cap``)."""
     if n > 0:
         _safely("left_out", {"kind": kind, "why": why}, "inc", n)
 

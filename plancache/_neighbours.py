@@ -6,7 +6,7 @@ conformance verdicts, the local tier's marks and the records they point to) hold
 
 - **regular files only**: each component below the anchor (a configured directory, whose
   own path may be a link) is opened relative to its parent's descriptor with
-  ``O_NOFOLLOW`` (``O_DIRECTORY`` for a directory, ``O_NONBLOCK`` for the file): a link,
+  ``O_NOFOLLOW`` (``ODIRECTORY`` for a directory, ``O_NONBLOCK`` for the file): a link,
   FIFO, device or socket is refused (``OddFileError``), never followed or waited on;
 - **judged on what was opened**: the ``fstat`` of each descriptor, never a path re-resolved
   after it was judged, says whether another user could have written it (``foreign``: owned
@@ -35,7 +35,7 @@ from plancache.errors import PlancacheError
 
 NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """Flags of every open of a file another user could have written."""
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class OddFileError(PlancacheError, OSError):
@@ -59,14 +59,41 @@ def kind(mode: int) -> str:
     return "not a regular file"
 
 
-def foreign(st: os.stat_result, what: str) -> str | None:
-    """Why users other than this one (or root) could have written ``what`` (its ``fstat``:
-    owned by another user, or writable by its group or others); None if none could."""
+class Foreign(str):
+    """Why users other than this one (or root) could have written a file or directory: the
+    message, and which writers the one rule found (``owner``: the uid owning it where that is
+    another user's; ``group_only``: this user's, and its group's write bit the only reason)."""
+
+    owner: int | None
+    group_only: bool
+
+    def __new__(cls, why: str, owner: int | None = None, group_only: bool = False) -> Foreign:
+        made = super().__new__(cls, why)
+        made.owner, made.group_only = owner, group_only
+        return made
+
+
+def foreign(st: os.stat_result, what: str) -> Foreign | None:
+    """THE foreign-writer rule, the only one in plancache: why users other than this one (or
+    root) could have written ``what`` (its ``fstat``: owned by another user, or writable by
+    its group or others); None if none could."""
     if st.st_uid not in (os.geteuid(), 0):
-        return f"{what} is owned by uid {st.st_uid}"
+        return Foreign(f"{what} is owned by uid {st.st_uid}", owner=st.st_uid)
     if st.st_mode & 0o022:
-        return f"{what} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        mode = stat.S_IMODE(st.st_mode)
+        return Foreign(
+            f"{what} is writable by its group or others (mode {mode:04o})",
+            group_only=not st.st_mode & 0o002,
+        )
     return None
+
+
+def uploadable(why: Foreign | None) -> bool:
+    """True where an upload may sign and ship a file of this node's own caches that the one
+    rule judged ``why``: no other user could have written it, or only its group could (a
+    file this user made under umask 002: a group member who could change it could change
+    what this node loads itself)."""
+    return why is None or why.group_only
 
 
 @dataclass(frozen=True)
@@ -76,7 +103,7 @@ class Read:
 
     data: bytes
     st: os.stat_result
-    foreign: str | None
+    foreign: Foreign | None
 
 
 @contextlib.contextmanager
@@ -87,7 +114,7 @@ def _opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def _open_at(parent: int, name: str, flags: int, where: Path) -> int | None:
+def open_at(parent: int, name: str, flags: int, where: Path) -> int | None:
     """``name`` opened in directory ``parent`` with ``flags`` (``NO_FOLLOW`` among them);
     None if absent. Raises ``OddFileError`` for a link, or a FIFO or device where the flags
     refuse it, else ``OSError``."""
@@ -105,42 +132,52 @@ def _open_at(parent: int, name: str, flags: int, where: Path) -> int | None:
         raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not opened", str(where)) from None
 
 
-def _parts(relative: str) -> list[str]:
+def parts(relative: str) -> list[str]:
     parts = relative.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"not a relative path below the anchor: {relative!r}")
     return parts
 
 
-def open_file(anchor: Path, relative: str) -> tuple[int, os.stat_result, str | None] | None:
+def open_file(anchor: Path, relative: str) -> tuple[int, os.stat_result, Foreign | None] | None:
     """A read-only descriptor of the regular file at ``relative`` (``/``-separated, no
     ``..``) below the directory ``anchor``, its ``fstat``, and why another user could have
     written it or a directory below the anchor on its way (None: no one could); None if it
     or a directory on its way is absent. The caller closes the descriptor. Raises
     ``OddFileError`` (not a regular file, a link on the way) or ``OSError``."""
-    parts = _parts(relative)
     try:
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    where = anchor
-    why = None
-    for i, part in enumerate(parts):
-        with _opened(fd):
-            if i:
-                why = why or foreign(os.fstat(fd), f"directory {where}")
-            where = where / part
-            last = i == len(parts) - 1
-            child = _open_at(fd, part, os.O_RDONLY | NO_FOLLOW if last else _DIRECTORY, where)
-        if child is None:
-            return None
-        fd = child
+    with _opened(fd):
+        return open_below(fd, anchor, relative)
+
+
+def open_below(
+    top: int, where: Path, relative: str
+) -> tuple[int, os.stat_result, Foreign | None] | None:
+    """``open_file`` from the directory descriptor ``top`` (of ``where``), left open."""
+    names = parts(relative)
+    fd, why = top, None
     try:
+        for i, part in enumerate(names):
+            where = where / part
+            last = i == len(names) - 1
+            child = open_at(fd, part, os.O_RDONLY | NO_FOLLOW if last else DIRECTORY, where)
+            if fd != top:
+                os.close(fd)
+            fd = top
+            if child is None:
+                return None
+            fd = child
+            if not last:
+                why = why or foreign(os.fstat(fd), f"directory {where}")
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OddFileError(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file", str(where))
     except BaseException:
-        os.close(fd)
+        if fd != top:
+            os.close(fd)
         raise
     return fd, st, why or foreign(st, f"file {where}")
 
@@ -148,14 +185,19 @@ def open_file(anchor: Path, relative: str) -> tuple[int, os.stat_result, str | N
 def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
     """The file ``open_file`` opens, read: at most ``limit`` bytes (more: ``OddFileError``);
     None where it is absent."""
-    opened = open_file(anchor, relative)
+    return read_opened(open_file(anchor, relative), limit, anchor / relative)
+
+
+def read_opened(
+    opened: tuple[int, os.stat_result, Foreign | None] | None, limit: int, where: Path
+) -> Read | None:
     if opened is None:
         return None
     fd, st, why = opened
     with _opened(fd):
         data = _read(fd, limit + 1)
     if len(data) > limit:
-        raise OddFileError(errno.EFBIG, f"over {limit} bytes", str(anchor / relative))
+        raise OddFileError(errno.EFBIG, f"over {limit} bytes", str(where))
     return Read(data, st, why)
 
 
@@ -181,8 +223,9 @@ def walk(
     devices too: ``open_entry`` refuses them), in path order, by directory descriptors:
     each directory is opened relative to its parent's with ``O_NOFOLLOW`` and must be the
     one its parent listed (device and inode), else it is not walked; entries ``skip``
-    accepts (``skip(name, is_directory)``) and directories deeper than ``MAX_DEPTH`` are
-    left out. Yields nothing where ``anchor`` is absent."""
+    accepts (``skip(name, is_directory)``) are left out; a directory deeper than
+    ``MAX_DEPTH`` is yielded itself (its ``lstat`` says so), not walked, for the caller to
+    count. Yields nothing where ``anchor`` is absent."""
     try:
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -200,13 +243,11 @@ def _walk(fd: int, prefix: str, depth: int, skip: Callable[[str, bool], bool]) -
         if skip(name, stat.S_ISDIR(st.st_mode)):
             continue
         path = f"{prefix}{name}"
-        if not stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISDIR(st.st_mode) or depth >= MAX_DEPTH:
             yield Entry(path, fd, name, st)
             continue
-        if depth >= MAX_DEPTH:
-            continue
         try:
-            child = os.open(name, _DIRECTORY, dir_fd=fd)
+            child = os.open(name, DIRECTORY, dir_fd=fd)
         except OSError:  # gone, or swapped for a link or a file since it was listed
             continue
         with _opened(child):
@@ -220,7 +261,7 @@ def open_entry(entry: Entry) -> int:
     (device and inode); the caller closes it. Raises ``OddFileError`` (a link, a FIFO, a
     device, another file swapped in), ``FileNotFoundError`` (gone) or ``OSError``."""
     where = Path(entry.path)
-    fd = _open_at(entry.dir_fd, entry.name, os.O_RDONLY | NO_FOLLOW, where)
+    fd = open_at(entry.dir_fd, entry.name, os.O_RDONLY | NO_FOLLOW, where)
     if fd is None:
         raise FileNotFoundError(errno.ENOENT, "gone since it was listed", entry.path)
     st = os.fstat(fd)

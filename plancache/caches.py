@@ -46,6 +46,7 @@ from plancache._artifacts.engine import CacheFetched, CompileSettings
 from plancache._artifacts.manifest import is_cache_kind
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
+from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
 from plancache.errors import ConfigError
 
@@ -187,7 +188,7 @@ class CacheShare:
         each file create-if-absent, within ``PLANCACHE_COMPILE_TIMEOUT``. Never raises:
         ``reason`` says what happened, ``known`` lists every path the bundles read hold
         (pass it to ``push``)."""
-        cache.root.mkdir(parents=True, exist_ok=True)
+        Directory.make(cache.root).close()
         return self._artifacts.fetch_cache(cache.kind, cache.scope, cache.root)
 
     def push(

@@ -218,3 +218,117 @@ def test_a_plan_store_reaches_its_layer_only_through_layer() -> None:
         store.root  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(TypeError, match="not an ObjectLayer"):
         PlanStore(store)  # type: ignore[arg-type]
+
+
+# -- one guarded handle, one foreign-writer rule (issue 42, mechanism 1) -----------------------
+GUARDED = {"_directory.py", "_neighbours.py"}
+"""The guarded handle's modules: the only ones that touch a directory another user could write
+and the only home of the foreign-writer rule."""
+FILE_CALLS = {"write_bytes", "write_text", "mkdir", "unlink", "stat"}
+NOT_SHARED = {
+    # (module, call): why it may: not on a directory another local user could write, or
+    # the local store's own atomic write path, kept as it was (issue 42) and judged by the rule
+    ("_backends/local.py", ".mkdir"): "the local store's own write path, kept (issue 42): root",
+    ("_backends/local.py", ".unlink"): "the local store's own write path: its own temp files",
+    ("_backends/local.py", "os.unlink"): "the local store's own write path: delete, clean-up",
+    ("_backends/local.py", "os.link"): "the local store's own write path: create-if-absent",
+    ("_breaker.py", "open"): "/proc/sys/kernel/random/boot_id, the kernel's",
+    ("_command/doctor.py", ".stat"): "a report of the configured directories: decides nothing",
+    ("_command/fingerprint.py", "open"): "a file the user named on the command line",
+    ("integrations/torch.py", ".write_bytes"): "a private directory of tempfile's",
+    ("testing/servers.py", "open"): "the test kit's own server logs, in its private temp dir",
+    ("testing/servers.py", "os.unlink"): "the test kit's own server logs",
+}
+RULE_EXCEPTIONS = {
+    "_command/doctor.py": "a health report's finding (world-writable without the sticky bit)",
+}
+
+
+def file_calls(source: str) -> list[tuple[str, int]]:
+    """(call, line) of each ``open(``, ``os.link``, ``os.unlink``, ``os.stat`` and each
+    ``.write_bytes``, ``.write_text``, ``.mkdir``, ``.unlink``, ``.stat`` call in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "open":
+            found.append(("open", node.lineno))
+        elif isinstance(f, ast.Attribute):
+            on_os = isinstance(f.value, ast.Name) and f.value.id == "os"
+            if f.attr in FILE_CALLS:
+                found.append((f"os.{f.attr}" if on_os else f".{f.attr}", node.lineno))
+            elif f.attr == "link" and on_os:
+                found.append(("os.link", node.lineno))
+    return found
+
+
+def foreign_rules(source: str) -> list[int]:
+    """Lines of ``source`` that decide who could have written a file themselves: ``st_uid``
+    compared with ``geteuid()``, or a mode masked with group or others' write bits."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            text = ast.unparse(node)
+            if "st_uid" in text and "geteuid" in text:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+            text = ast.unparse(node)
+            masks = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant)]
+            writes = any(isinstance(m, int) and m & 0o022 for m in masks)
+            if "st_mode" in text and (writes or "S_IWGRP" in text or "S_IWOTH" in text):
+                lines.append(node.lineno)
+    return lines
+
+
+def _outside(rel: str) -> bool:
+    return rel not in GUARDED
+
+
+def test_no_module_touches_a_shared_directory_but_the_guarded_handle() -> None:
+    """Outside ``_directory.py`` (and ``_neighbours.py``), no module calls ``open``,
+    ``write_bytes``, ``write_text``, ``mkdir``, ``os.link``, ``unlink`` or ``stat`` but the
+    (module, call) pairs ``NOT_SHARED`` lists, each with why it is not on a shared directory."""
+    found = {
+        f"{rel}:{line}: {call}"
+        for rel in _tree()
+        if _outside(rel)
+        for call, line in file_calls((PACKAGE / rel).read_text())
+        if (rel, call) not in NOT_SHARED
+    }
+    assert not found, "file calls outside the guarded handle:\n" + "\n".join(sorted(found))
+
+
+def test_the_foreign_writer_rule_is_defined_once() -> None:
+    found = [
+        f"{rel}:{line}"
+        for rel in _tree()
+        if _outside(rel) and rel not in RULE_EXCEPTIONS
+        for line in foreign_rules((PACKAGE / rel).read_text())
+    ]
+    assert not found, "a second foreign-writer rule (use _neighbours.foreign):\n" + "\n".join(found)
+    assert foreign_rules((PACKAGE / "_neighbours.py").read_text())  # the one, found there
+
+
+PLANTED = """
+import os
+from pathlib import Path
+
+def keep(root: Path, data: bytes) -> None:
+    (root / "explain").mkdir(exist_ok=True)
+    (root / "explain" / "x.json").write_bytes(data)
+    with open(root / "record.json", "rb") as f:
+        f.read()
+    os.link(root / "a", root / "b")
+    (root / "old.json").unlink()
+
+def trusted(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+"""
+
+
+def test_both_checks_flag_a_planted_module() -> None:
+    assert sorted(call for call, _ in file_calls(PLANTED)) == sorted(
+        [".mkdir", ".write_bytes", "open", "os.link", ".unlink"]
+    )
+    assert len(foreign_rules(PLANTED)) == 2  # the owner compared, the write bits masked

@@ -23,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
-import shutil
-import socket
 import stat
 import tarfile
 import time
@@ -49,6 +46,8 @@ from plancache._artifacts.manifest import (
 )
 from plancache._artifacts.packing import BLOCK, CHUNK
 from plancache._artifacts.trust import Refused, refused
+from plancache._directory import Below, Directory
+from plancache._neighbours import OddFileError
 from plancache.errors import ArtifactError as ArtifactError  # raised here, named there
 from plancache.errors import InvalidPlanError, UnreadableHereError
 
@@ -203,11 +202,14 @@ def install(
     (called with each chunk's size as the files are extracted) raises, and ``proceed()``
     False once every file is verified (the caller stopped waiting for it)."""
     expected = (COMPILE, key, rank)
-    with _verified(source, target, expected, accept, max_bytes, progress) as (manifest, temp):
-        (temp / rank / INSTALLED_MANIFEST).write_bytes(manifest.encode())
+    with _verified(source, target, expected, accept, max_bytes, progress) as (manifest, root, temp):
+        with Below(temp, create=True) as below:
+            fd = below(f"{rank}/{INSTALLED_MANIFEST}").create(INSTALLED_MANIFEST, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(manifest.encode())
         if not proceed():
             raise ArtifactError("the boot stopped waiting for it: not installed")
-        return manifest if _move_in(temp, target, manifest) else None
+        return manifest if _move_in(temp, root, manifest) else None
 
 
 def install_cache(
@@ -223,16 +225,23 @@ def install_cache(
     below ``root``, each create-if-absent, group files last and re-rooted (see the module
     docstring). Returns the manifest and how many files this call installed; raises
     ``ArtifactError`` (nothing installed) as ``install`` does."""
-    with _verified(source, root, (kind, scope, ""), accept, max_bytes) as (manifest, temp):
+    expected = (kind, scope, "")
+    with (
+        _verified(source, root, expected, accept, max_bytes) as (manifest, top, temp),
+        Below(temp) as extracted,
+        Below(top, create=True) as into,
+    ):
         installed = 0
         for entry in sorted(manifest.files, key=lambda e: is_group_file(e.path)):
-            dest = root / entry.path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if is_group_file(entry.path) and not regroup(temp / entry.path, dest.parent):
+            name = entry.path.rpartition("/")[2]
+            try:
+                dest = into(entry.path)
+            except OddFileError:  # a link or a file where a directory goes: never followed
+                continue
+            held = extracted(entry.path)
+            if is_group_file(entry.path) and not regroup(held, name, dest.path):
                 continue  # not a group Triton wrote: its kernel stays invisible (compiled)
-            with contextlib.suppress(FileExistsError):
-                os.link(temp / entry.path, dest)
-                installed += 1
+            installed += dest.link(held, name, name)
         return manifest, installed
 
 
@@ -241,28 +250,28 @@ def is_group_file(path: str) -> bool:
     return path.rsplit("/", 1)[-1].startswith(GROUP_PREFIX)
 
 
-def regroup(group: Path, where: Path) -> bool:
-    """Rewrite the group file ``group`` (in place) so that each child path names the file of
-    the same name in ``where``; False if it is not a group file as Triton writes it."""
+def regroup(directory: Directory, name: str, where: Path) -> bool:
+    """Rewrite the group file ``name`` of ``directory`` (a new file under its name) so that
+    each child path names the file of the same name in ``where``; False if it is not a
+    group file as Triton writes it."""
     try:
-        if group.stat().st_size > MAX_GROUP_BYTES:
+        read = directory.read(name, MAX_GROUP_BYTES)
+        if read is None:
             return False
-        data = orjson.loads(group.read_bytes())
+        data = orjson.loads(read.data)
         children = data["child_paths"]
         if not isinstance(children, dict) or set(data) != {"child_paths"}:
             return False
         rooted = {}
         for child, path in children.items():
-            name = os.path.basename(str(path))
-            if name != check_path(child, ""):
+            base = os.path.basename(str(path))
+            if base != check_path(child, ""):
                 return False
-            rooted[child] = str(where / name)
+            rooted[child] = str(where / base)
     except (OSError, ValueError, KeyError, TypeError, InvalidPlanError):
         return False
-    mode = group.stat().st_mode & 0o777
-    group.unlink()
-    fd = os.open(group, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "wb") as f:
+    directory.remove(name, read.st)
+    with os.fdopen(directory.create(name, stat.S_IMODE(read.st.st_mode)), "wb") as f:
         f.write(orjson.dumps({"child_paths": rooted}))
     return True
 
@@ -275,9 +284,11 @@ def _verified(
     accept: Callable[[Manifest], Refused | str | None],
     max_bytes: int,
     progress: Callable[[int], None] | None = None,
-) -> Iterator[tuple[Manifest, Path]]:
-    """The manifest of ``source`` (its (kind, key, rank) ``expected``; accepted) and a temp
-    directory below ``target`` holding every file it lists, verified; removed afterwards."""
+) -> Iterator[tuple[Manifest, Directory, Directory]]:
+    """The manifest of ``source`` (its (kind, key, rank) ``expected``; accepted), the guarded
+    handle of ``target`` (made where absent) and that of a private temp directory in it
+    holding every file the manifest lists, verified; the temp directory is removed
+    afterwards."""
     stream = _decompressing(source)
     manifest = _read_manifest(stream, max_bytes)
     if (manifest.kind, manifest.key, manifest.rank) != expected:
@@ -285,36 +296,46 @@ def _verified(
     reason = accept(manifest)
     if reason is not None:
         raise refused(reason)
-    target.mkdir(parents=True, exist_ok=True)
-    temp = target / f"{TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    temp.mkdir(mode=0o700)
-    try:
-        for entry in manifest.files:
-            _extract(stream, temp, entry, progress)
-        if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
-            raise ArtifactError("artifact archive holds more than its manifest lists")
-        yield manifest, temp
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with Directory.make(target) as root:
+        name, temp = root.make_temp(TEMP_PREFIX)
+        try:
+            with temp, Below(temp, create=True, mode=0o755) as below:
+                for entry in manifest.files:
+                    _extract(stream, below, entry, progress)
+                if stream.exact(2 * BLOCK) != b"\0" * (2 * BLOCK):
+                    raise ArtifactError("artifact archive holds more than its manifest lists")
+                below.close()
+                yield manifest, root, temp
+        finally:
+            root.remove_tree(name)
 
 
 def partial_installs(target: Path, older_than: float = STALE_INSTALL_S) -> list[Path]:
     """The temp directories that installs into ``target`` (vLLM's ``<key>`` directory: its
     artifacts, and the bundles installed into its ``inductor_cache``; a generated cache's
     root) left more than ``older_than`` seconds ago: their boots were killed mid-install."""
+    return [where.path / name for where, name in _partial(target, older_than, remove=False)]
+
+
+def _partial(target: Path, older_than: float, *, remove: bool) -> list[tuple[Directory, str]]:
+    """(directory, name) of each partial install, listed through the guarded handles of
+    ``target`` and its ``inductor_cache`` (never a link followed); removed if ``remove``."""
     cutoff = time.time() - older_than
-    entries = []
-    for where in (target, target / INDUCTOR_DIR):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            entries += list(os.scandir(where))
     out = []
-    for entry in entries:
-        if not entry.name.startswith(TEMP_PREFIX):
+    for relative in ("", INDUCTOR_DIR):
+        try:
+            where = Directory.open(target, relative)
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
-                out.append(Path(entry.path))
+        if where is None:
+            continue
+        with where:
+            for name in where.names():
+                st = where.lstat(name) if name.startswith(TEMP_PREFIX) else None
+                if st is not None and stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff:
+                    out.append((where, name))
+                    if remove:
+                        where.remove_tree(name)
     return out
 
 
@@ -322,10 +343,7 @@ def remove_partial_installs(
     target: Path, older_than: float = STALE_INSTALL_S, *, dry_run: bool = False
 ) -> int:
     """Remove what ``partial_installs`` finds; how many were (or would be) removed."""
-    stale = partial_installs(target, older_than)
-    for path in stale if not dry_run else ():
-        shutil.rmtree(path, ignore_errors=True)
-    return len(stale)
+    return len(_partial(target, older_than, remove=not dry_run))
 
 
 def compile_cache(vllm_cache_root: Path) -> Path:
@@ -334,14 +352,12 @@ def compile_cache(vllm_cache_root: Path) -> Path:
 
 
 def _extract(
-    stream: _Stream, temp: Path, entry: FileEntry, progress: Callable[[int], None] | None
+    stream: _Stream, below: Below, entry: FileEntry, progress: Callable[[int], None] | None
 ) -> None:
     info = _member(stream)
     if info.name != entry.path or info.size != entry.size:
         raise ArtifactError(f"artifact member {info.name!r:.60} is not the manifest's next file")
-    dest = temp / entry.path
-    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = below(entry.path).create(entry.path.rpartition("/")[2], 0o600)
     h, left = hashlib.sha256(), entry.size
     with os.fdopen(fd, "wb") as f:
         while left:
@@ -357,24 +373,35 @@ def _extract(
     stream.exact(-entry.size % BLOCK)
 
 
-def _move_in(temp: Path, target: Path, manifest: Manifest) -> bool:
-    """Kernels first (each one create-if-absent), the rank directory last, in one rename.
-    False if the rank directory was already there."""
-    for entry in manifest.files:
-        if not entry.path.startswith(f"{INDUCTOR_DIR}/"):
-            continue
-        dest = target / entry.path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.link(temp / entry.path, dest)
-    rank_dir = target / manifest.rank
+def _move_in(temp: Directory, root: Directory, manifest: Manifest) -> bool:
+    """Kernels first (each one create-if-absent; none below a planted link), the rank
+    directory last, in one rename. False if the rank directory was already there."""
+    with Below(temp) as extracted, Below(root, create=True) as into:
+        for entry in manifest.files:
+            if not entry.path.startswith(f"{INDUCTOR_DIR}/"):
+                continue
+            name = entry.path.rpartition("/")[2]
+            with contextlib.suppress(OddFileError):
+                into(entry.path).link(extracted(entry.path), name, name)
     try:
-        os.rename(temp / manifest.rank, rank_dir)
+        temp.rename(manifest.rank, root, manifest.rank)
     except OSError:
-        if (rank_dir / "model").exists():
+        if _has_model(root, manifest.rank):
             return False
         raise
     return True
+
+
+def _has_model(root: Directory, rank: str) -> bool:
+    """True if the rank directory ``rank`` of ``root`` holds vLLM's ``model``."""
+    try:
+        held = root.sub(rank)
+    except OSError:
+        return False
+    if held is None:
+        return False
+    with held:
+        return held.lstat("model") is not None
 
 
 def installed_manifest(rank_dir: Path) -> Manifest | None:

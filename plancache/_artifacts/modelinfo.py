@@ -22,13 +22,9 @@ A kind on the object layer, like compile artifacts (and with their stores and tr
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import re
-import secrets
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +41,9 @@ from plancache._artifacts.manifest import (
     read_bounded,
 )
 from plancache._artifacts.trust import Refused
+from plancache._directory import Directory
+from plancache._neighbours import read_file as read_neighbour
+from plancache._neighbours import uploadable
 from plancache._objects import Opened
 from plancache._plan import Signature
 from plancache._signing import Keyring
@@ -131,18 +130,18 @@ def read(stream: Readable) -> ModelInfo:
 
 
 def read_file(path: Path) -> dict[str, Any] | None:
-    """The model-info file vLLM wrote at ``path`` (a regular file, at most ``MAX_BYTES``),
-    or None if there is none or it is not one."""
+    """The model-info file vLLM wrote at ``path`` (a regular file, at most ``MAX_BYTES``,
+    read through ``plancache._neighbours``: no link followed, no FIFO waited on), or None
+    if there is none, it is not one, or another user could have written it (the one
+    foreign-writer rule, as an upload judges this node's files: ``uploadable``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        read = read_neighbour(path.parent.parent, f"{path.parent.name}/{path.name}", MAX_BYTES)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        data = f.read(MAX_BYTES + 1)
+    if read is None or not uploadable(read.foreign):
+        return None
     try:
-        obj = orjson.loads(data) if len(data) <= MAX_BYTES else None
+        obj = orjson.loads(read.data)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("hash"), str):
@@ -152,23 +151,12 @@ def read_file(path: Path) -> dict[str, Any] | None:
 
 def install(info: ModelInfo, path: Path) -> bool:
     """Write ``info``'s file at ``path`` atomically (temp + ``link``), never over a file
-    already there; True if this call wrote it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(info.file, option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+    already there, through the guarded handle of vLLM's cache directory (``path``'s
+    grandparent; its ``modelinfos`` directory never followed as a link); True if this
+    call wrote it."""
+    data = orjson.dumps(info.file, option=orjson.OPT_INDENT_2)
+    with Directory.make(path.parent.parent, path.parent.name) as directory:
+        return directory.write(path.name, data, 0o644, replace=False)
 
 
 def made(vllm: str, module: str, cls: str, file: dict[str, Any], keyring: Keyring) -> ModelInfo:

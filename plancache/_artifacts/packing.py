@@ -43,7 +43,15 @@ from plancache._artifacts.manifest import (
     Manifest,
     check_path,
 )
-from plancache._neighbours import open_entry, open_file, walk
+from plancache._neighbours import (
+    MAX_DEPTH,
+    Foreign,
+    foreign,
+    open_entry,
+    open_file,
+    uploadable,
+    walk,
+)
 from plancache._redaction import printable
 from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError, InvalidPlanError
@@ -66,7 +74,8 @@ def zstd_available() -> bool:
 class _LeftOut:
     """The files a scan of ``kind`` left out, by why: another user could have written them
     (``owned`` by another user, ``writable`` by all), not a regular file (``odd``: a link, a
-    FIFO, a device), a name no bundle may hold (``named``), past the caps (``capped``).
+    FIFO, a device), in a directory deeper than ``MAX_DEPTH`` (``deep``: each such directory
+    counts once), a name no bundle may hold (``named``), past the caps (``capped``).
     ``log`` says it all in one line and counts it in the ``plancache_left_out`` metric."""
 
     where: Path
@@ -74,25 +83,32 @@ class _LeftOut:
     owned: int = 0
     writable: int = 0
     odd: int = 0
+    deep: int = 0
     named: int = 0
     capped: int = 0
     example: str = ""
 
-    def foreign(self, path: str, st: os.stat_result) -> None:
-        if st.st_uid not in (os.geteuid(), 0):
+    def foreign(self, path: str, why: Foreign) -> None:
+        if why.owner is not None:
             self.owned += 1
         else:
             self.writable += 1
         self.example = self.example or path
 
     def note(self, why: str, path: str) -> None:
-        """One more file left out for ``why`` (``odd``, ``named`` or ``capped``)."""
+        """One more file left out for ``why`` (``odd``, ``deep``, ``named`` or ``capped``)."""
         setattr(self, why, getattr(self, why) + 1)
         self.example = self.example or path
 
     def log(self) -> None:
         foreign = self.owned + self.writable
-        counts = {"foreign": foreign, "odd": self.odd, "name": self.named, "cap": self.capped}
+        counts = {
+            "foreign": foreign,
+            "odd": self.odd,
+            "deep": self.deep,
+            "name": self.named,
+            "cap": self.capped,
+        }
         total = sum(counts.values())
         if not total:
             return
@@ -102,6 +118,7 @@ class _LeftOut:
             if foreign
             else "",
             f"{self.odd} not a regular file" if self.odd else "",
+            f"{self.deep} directories more than {MAX_DEPTH} deep" if self.deep else "",
             f"{self.named} named as no bundle may name a file" if self.named else "",
             f"{self.capped} past the bundle's cap (a later upload)" if self.capped else "",
         ]
@@ -124,11 +141,12 @@ def _own_files(
     no link followed on the way, the same inode); the file is open until the iteration goes
     on. Another user's, or a world-writable one, goes to ``left_out`` (a group-writable one
     of this user's is taken: a group member who could change it could change what this
-    node loads itself), and so do links, FIFOs and devices; files swapped meanwhile are
+    node loads itself: the one foreign-writer rule's ``group_only``), and so do links, FIFOs
+    and devices, and directories deeper than ``MAX_DEPTH``; files swapped meanwhile are
     skipped."""
     for entry in walk(root, skip):
         if not stat.S_ISREG(entry.st.st_mode):
-            left_out.note("odd", entry.path)
+            left_out.note("deep" if stat.S_ISDIR(entry.st.st_mode) else "odd", entry.path)
             continue
         try:
             fd = open_entry(entry)
@@ -136,8 +154,9 @@ def _own_files(
             continue
         with os.fdopen(fd, "rb") as file:
             st = os.fstat(fd)
-            if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o002:
-                left_out.foreign(entry.path, st)
+            why = foreign(st, f"file {entry.path}")
+            if why is not None and not uploadable(why):
+                left_out.foreign(entry.path, why)
                 continue
             yield entry.path, st, file
 

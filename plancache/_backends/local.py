@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plancache._defaults import default_dir
+from plancache._directory import Directory
 from plancache._neighbours import NO_FOLLOW, foreign, kind
 from plancache._objects import (
     CREATE,
@@ -120,16 +121,12 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def foreign_writers(directory: Path, st: os.stat_result) -> str | None:
+def foreign_writers(directory: Directory, st: os.stat_result) -> str | None:
     """Why users other than this one (or root) could have written the file ``st`` (an
-    ``fstat``) in ``directory``: the file or the directory is owned by another user, or the
-    group or others may write it (``plancache._neighbours.foreign``); None if only this
-    user or root could. The crash marks' rule, for every kind that is loaded as code."""
-    try:
-        dir_st = os.stat(directory)
-    except OSError as exc:
-        return f"{directory}: cannot stat ({exc.strerror or exc})"
-    return foreign(dir_st, f"directory {directory}") or foreign(st, "its file")
+    ``fstat``) in ``directory`` (its guarded handle, judged on its own ``fstat``): the one
+    foreign-writer rule (``plancache._neighbours.foreign``) on both; None if only this user
+    or root could. The rule of every kind that is loaded as code."""
+    return foreign(os.fstat(directory.fd), f"directory {directory.path}") or foreign(st, "its file")
 
 
 def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
@@ -179,13 +176,19 @@ class LocalStore(ObjectLayer):
         return str(self.root)
 
     # -- the object layer -----------------------------------------------------------------
-    def _open_regular(self, name: str) -> tuple[int, os.stat_result] | None:
-        """A read-only descriptor of the regular file ``name`` and its ``fstat`` (never
-        following a link or waiting on a FIFO); None if absent. Raises ``InvalidPlanError``
-        for an entry that is not a regular file."""
+    def _open_regular(
+        self, name: str, at: Directory | None = None
+    ) -> tuple[int, os.stat_result] | None:
+        """A read-only descriptor of the regular file ``name`` (opened in ``at``, the root's
+        handle, where given) and its ``fstat`` (never following a link or waiting on a
+        FIFO); None if absent. Raises ``InvalidPlanError`` for an entry that is not a
+        regular file."""
         path = self._dir + check_name(name)
         try:
-            fd = os.open(path, os.O_RDONLY | NO_FOLLOW)
+            if at is None:
+                fd = os.open(path, os.O_RDONLY | NO_FOLLOW)
+            else:
+                fd = os.open(name, os.O_RDONLY | NO_FOLLOW, dir_fd=at.fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -228,13 +231,20 @@ class LocalStore(ObjectLayer):
     def open_object(self, name: str) -> Opened | None:
         """The version token is the file's identity (device, inode, size, times): a replace
         renames a new file into place. ``Opened.foreign`` says who else could have written
-        it (``foreign_writers``)."""
-        opened = self._open_regular(name)
-        if opened is None:
+        it (``foreign_writers``), the directory judged on the descriptor the file was opened
+        in."""
+        try:
+            root = Directory.open(self.root)
+        except OSError as exc:
+            raise _store_error(self.root, "read", exc) from exc
+        if root is None:
             return None
-        fd, st = opened
-        foreign = foreign_writers(self.root, st)
-        return Opened(os.fdopen(fd, "rb"), _identity(st), foreign)
+        with root:
+            opened = self._open_regular(name, root)
+            if opened is None:
+                return None
+            fd, st = opened
+            return Opened(os.fdopen(fd, "rb"), _identity(st), foreign_writers(root, st))
 
     def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
         """Create: a temp file then ``link`` (an entry that is not a regular file, e.g. a

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 import orjson
 
 from plancache._backends._remote import RemoteStore
+from plancache._directory import Directory
 from plancache._neighbours import OddFileError, read_file
 from plancache._objects import CREATE, Update
 from plancache._probe import ProbeResult, StoreVerdict
@@ -93,8 +91,8 @@ class VerdictCache:
 
     def save(self, identity: str, store: str, result: ProbeResult, at: float | None = None) -> None:
         """Cache ``result``, found at ``at`` (default: now), atomically (a temp file renamed)
-        in a directory only this user may write (made so where this user owns it); failures
-        are logged."""
+        in a directory only this user may write (made so where this user owns it), through
+        its guarded handle (``plancache._directory``); failures are logged."""
         record = {
             "store": store,
             "verdict": result.verdict.value,
@@ -103,18 +101,9 @@ class VerdictCache:
             "at": time.time() if at is None else at,
         }
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = os.stat(self.directory, follow_symlinks=False)
-            if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o077:
-                os.chmod(self.directory, 0o700, follow_symlinks=False)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".verdict-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(orjson.dumps(record))
-                os.replace(tmp, self.directory / self._name(identity))
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            with Directory.make(self.directory.parent, self.directory.name, mode=0o700) as held:
+                held.private(0o700)
+                held.write(self._name(identity), orjson.dumps(record))
         except OSError as exc:
             log.warning("plancache: conformance verdict not cached in %s: %s", self.directory, exc)
 

@@ -35,6 +35,7 @@ import orjson
 
 from plancache._command.display import echo, plural, print_json
 from plancache._config import Settings, is_remote, keyring_from_env
+from plancache._directory import Directory
 from plancache._redaction import without_userinfo
 from plancache.caches import (
     CacheShare,
@@ -189,20 +190,27 @@ def _warnings() -> Iterator[list[str]]:
         logger.removeHandler(handler)
 
 
-def _record(cache: GeneratedCache) -> Path:
-    return cache.root / f"{RECORD_PREFIX}{cache.kind}-{cache.scope}.json"
+def _record(cache: GeneratedCache) -> str:
+    return f"{RECORD_PREFIX}{cache.kind}-{cache.scope}.json"
 
 
 def _recorded(cache: GeneratedCache) -> set[str]:
     """The paths the last pulls into ``cache.root`` found in the stored bundles (none if
-    there is no readable record: then a push stores every file)."""
-    path = _record(cache)
+    there is no readable record of this user's: then a push stores every file). Read through
+    the directory's guarded handle: a link, FIFO or device there is not followed or waited
+    on, and a record another user could have written decides nothing."""
+    path = cache.root / _record(cache)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
-        known = orjson.loads(data)["known"] if len(data) <= MAX_RECORD_BYTES else None
-    except FileNotFoundError:
-        return set()
+        root = Directory.open(cache.root)
+        if root is None:
+            return set()
+        with root:
+            read = root.read(_record(cache), MAX_RECORD_BYTES)
+        if read is None:
+            return set()
+        if read.foreign is not None:
+            raise OSError(f"not this user's: {read.foreign}")
+        known = orjson.loads(read.data)["known"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         echo(f"plancache: {path}: not read ({exc}): every file is pushed", file=sys.stderr)
         return set()
@@ -213,18 +221,13 @@ def _recorded(cache: GeneratedCache) -> set[str]:
 
 
 def _remember(cache: GeneratedCache, known: set[str]) -> None:
-    """Add ``known`` to the record of ``cache``'s pulls (temp file, then ``replace``)."""
-    path = _record(cache)
+    """Add ``known`` to the record of ``cache``'s pulls (this user's only, 0600): a new temp
+    file renamed over it, through the directory's guarded handle (never through a link)."""
     data = orjson.dumps(
         {"kind": cache.kind, "scope": cache.scope, "known": sorted(known | _recorded(cache))}
     )
-    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        temp.write_bytes(data)
-        os.replace(temp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
+    with Directory.make(cache.root) as root:
+        root.write(_record(cache), data)
 
 
 def _say(lines: list[str]) -> None:

@@ -111,9 +111,9 @@ def test_install_never_replaces_a_file_and_puts_the_group_file_last(tmp_path: Pa
     order: list[str] = []
     real_link = os.link
 
-    def link(a: Any, b: Any) -> None:
+    def link(a: Any, b: Any, **kw: Any) -> None:
         order.append(Path(b).name)
-        real_link(a, b)
+        real_link(a, b, **kw)
 
     os.link = link  # type: ignore[assignment]
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict, cast
@@ -19,6 +19,7 @@ from typing import TypedDict, cast
 import orjson
 
 from plancache._defaults import EXPLAIN_DIR
+from plancache._directory import Directory
 from plancache._keys import Scalar
 from plancache._plan import DEVICE_FACTOR, MAX_LABEL_TEXT, MODEL_LABEL
 from plancache.integrations.vllm.worker import WorkerLike
@@ -179,24 +180,24 @@ def keep_for_explain(
 ) -> Path:
     """Write ``{"factors", "labels"}`` of a miss as ``<local_dir>/explain/<fp>.json``
     (``plancache explain STORE --factors`` reads it): atomic (temp file, rename), the
-    directory this user's only (0700), at most ``MAX_EXPLAINED`` files kept. The path;
-    raises ``OSError``."""
-    directory = Path(local_dir) / EXPLAIN_DIR
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = directory / f"{fp}.json"
+    directory this user's only (0700), at most ``MAX_EXPLAINED`` files kept, all through
+    the directory's guarded handle (``plancache._neighbours.Directory``): a link planted as
+    ``explain`` or in it is never followed, written through or pruned. The path; raises
+    ``OSError`` (``PermissionError``: a directory another user could write)."""
     data = orjson.dumps({"factors": dict(factors), "labels": dict(labels)})
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    kept = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in kept[MAX_EXPLAINED:]:
-        old.unlink(missing_ok=True)
-    return target
+    with Directory.make(Path(local_dir), EXPLAIN_DIR, mode=0o700) as directory:
+        directory.private(0o700)
+        if directory.foreign is not None:
+            raise PermissionError(f"not kept: {directory.foreign}")
+        directory.write(f"{fp}.json", data)
+        kept = []
+        for name in directory.names():
+            st = directory.lstat(name) if name.endswith(".json") else None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                kept.append((st.st_mtime, name, st))
+        for _, name, st in sorted(kept, reverse=True)[MAX_EXPLAINED:]:
+            directory.remove(name, st)
+        return directory.path / f"{fp}.json"
 
 
 def as_scalars(factors: Mapping[str, object]) -> Mapping[str, Scalar]:
