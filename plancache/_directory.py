@@ -28,13 +28,13 @@ import contextlib
 import errno
 import os
 import secrets
-import shutil
 import socket
 import stat
 from pathlib import Path
 
 from plancache._neighbours import (
     DIRECTORY,
+    MAX_DEPTH,
     Foreign,
     Read,
     foreign,
@@ -238,9 +238,34 @@ class Directory:
         return name, made
 
     def remove_tree(self, name: str) -> None:
-        """Remove the directory ``name`` here and all below it, never following a link
-        (``shutil.rmtree`` by descriptors); errors ignored."""
-        shutil.rmtree(name, ignore_errors=True, dir_fd=self.fd)
+        """Remove the directory ``name`` here and all below it, by descriptors, never
+        following a link (a link is unlinked, not entered), at most ``MAX_TREE_DEPTH``
+        directories deep; errors ignored (what could not be removed stays). Not
+        ``shutil.rmtree(dir_fd=)``, which raises where a program wrapped ``os.unlink``."""
+        with contextlib.suppress(OSError):
+            _remove_tree(self.fd, name, MAX_TREE_DEPTH)
+
+
+MAX_TREE_DEPTH = 2 * MAX_DEPTH
+"""Most directories below one that ``Directory.remove_tree`` enters (an install is refused
+past ``MAX_DEPTH``)."""
+
+
+def _remove_tree(parent: int, name: str, depth: int) -> None:
+    """``Directory.remove_tree``'s walk: ``name`` below the descriptor ``parent``."""
+    fd = os.open(name, DIRECTORY, dir_fd=parent)
+    try:
+        with os.scandir(fd) as listed:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in listed]
+        for child, is_dir in entries:
+            with contextlib.suppress(OSError):
+                if is_dir and depth > 0:
+                    _remove_tree(fd, child, depth - 1)
+                elif not is_dir:
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 class Below:
