@@ -220,7 +220,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
         echo(f"caches   {plural(a['cache_bundles'], 'bundle')}, {size(a['cache_bundle_bytes'])}")
     booted = a["boot_reports"]
     if booted["stored"]:
-        echo(f"boots    {booted['read']} reported (the newest of {booted['stored']} stored)")
+        skipped = [
+            f"{booted['unreadable']} unreadable, skipped" if booted["unreadable"] else "",
+            f"{booted['future']} dated ahead of this clock, left out" if booted["future"] else "",
+        ]
+        extra = "; ".join(filter(None, skipped))
+        echo(
+            f"boots    {booted['read']} reported (the newest of {booted['stored']} stored"
+            f"{'; ' + extra if extra else ''})"
+        )
     width = max(map(len, booted["kinds"]), default=0)
     for kind, row in booted["kinds"].items():
         results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))
