@@ -102,11 +102,12 @@ def test_an_unsigned_report_is_refused_on_its_bytes() -> None:
 
 
 # -- item 7: one unreadable object fails no command ------------------------------------------
-def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls(
-    moto_s3: MotoS3, s3_bucket: str
+def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls_nor_cp(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
 ) -> None:
     """One ``boot_report_*`` object in the GLACIER class (every GET: 403 InvalidObjectState)
-    made ``plancache stats`` exit 2. It is skipped and counted; the genuine one is read."""
+    made ``plancache stats`` exit 2, and a compile artifact so stored ``ls`` and ``cp``. It
+    is skipped and counted; the genuine one is read."""
     client = boto3.client("s3", endpoint_url=moto_s3.endpoint)
     frozen = _report(time.time())
     client.put_object(
@@ -123,6 +124,9 @@ def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls(
     listed = run("ls", url, *options)
     assert listed.returncode == 0, listed.stderr
     assert f"unreadable here compile artifact {artifact}" in listed.stdout
+    copied = run("cp", url, str(tmp_path / "copy"), *options)
+    assert copied.returncode == 0, copied.stderr
+    assert f"skipped compile artifact {artifact}: unreadable here" in copied.stdout
 
 
 @pytest.mark.parametrize("entry", ["directory", "fifo", "link"])

@@ -296,11 +296,13 @@ def copy(
     and copied from there; or, with ``trust_unsigned`` (the operator's explicit word),
     streamed as it is. True if created, False if ``target`` had it, None if ``source`` has
     not, and the reason as text where it was skipped."""
-    opened = source.open_object(name)
-    if opened is None:
-        return None
     with contextlib.ExitStack() as stack:
-        stack.callback(opened.close)
+        try:
+            opened = stack.enter_context(reader.opened(source, name))
+        except reader.Unreadable as exc:
+            return f"{UNREADABLE_HERE} ({exc})"
+        if opened is None:
+            return None
         if trust_unsigned:
             return target.write_object(name, _chunks(opened))
         spool = stack.enter_context(tempfile.TemporaryFile(prefix="plancache-cp-"))
