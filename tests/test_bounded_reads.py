@@ -28,7 +28,7 @@ import orjson
 import pytest
 
 from plancache import register_backend
-from plancache._artifacts import reports
+from plancache._artifacts import modelinfo, reports
 from plancache._artifacts.manifest import MANIFEST_NAME, Manifest
 from plancache._signing import Keyring
 from plancache.caches import CacheShare, directory_cache
@@ -95,10 +95,20 @@ def test_with_keys_unsigned_reports_take_no_place_before_their_signature_is_chec
     assert set(booted["kinds"]) == {"plans"}
 
 
-def test_an_unsigned_report_is_refused_on_its_bytes() -> None:
-    unsigned = _report(time.time()).encode()
-    with pytest.raises(ArtifactError, match="invalid:signature"):
-        reports.Report.decode(unsigned, Keyring(verify_keys=[SIGNING]))
+def test_an_unsigned_envelope_is_refused_on_its_bytes_where_keys_are_required() -> None:
+    """A boot report or a model info no accepted key signed is refused before its fields
+    are judged (the signature first); a signed one decodes."""
+    keys = Keyring(verify_keys=[SIGNING])
+    file = {"hash": "0" * 64, "modelinfo": {}}
+    info = modelinfo.made("0.33.0", "m", "C", file, Keyring())
+    for decode, unsigned in [
+        (reports.Report.decode, _report(time.time()).encode()),
+        (modelinfo.ModelInfo.decode, info.encode()),
+    ]:
+        with pytest.raises(ArtifactError, match="invalid:signature"):
+            decode(unsigned, keys)
+    signed = _report(time.time(), Keyring(SIGNING))
+    assert reports.Report.decode(signed.encode(), keys) == signed
 
 
 # -- item 7: one unreadable object fails no command ------------------------------------------
