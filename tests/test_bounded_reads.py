@@ -36,7 +36,7 @@ from plancache.errors import ArtifactError, InvalidPlanError
 from plancache.integrations import torch as mega
 from plancache.integrations import triton
 from plancache.integrations.vllm.compile_miss import name_miss
-from plancache.testing import child_env
+from plancache.testing import child_env, plan_object_name
 from plancache.testing.servers import MotoS3
 from tests.artifacts.helpers import KEY, RANK, artifact_store, make_tree
 from tests.cli.helpers import run
@@ -116,8 +116,8 @@ def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls_nor_cp(
     moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
 ) -> None:
     """One ``boot_report_*`` object in the GLACIER class (every GET: 403 InvalidObjectState)
-    made ``plancache stats`` exit 2, and a compile artifact so stored ``ls`` and ``cp``. It
-    is skipped and counted; the genuine one is read."""
+    made ``plancache stats`` exit 2, and a compile artifact or a plan so stored ``ls``,
+    ``stats`` and ``cp``. Each is skipped and counted; the genuine report is read."""
     client = boto3.client("s3", endpoint_url=moto_s3.endpoint)
     frozen = _report(time.time())
     client.put_object(
@@ -127,6 +127,8 @@ def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls_nor_cp(
     client.put_object(Bucket=s3_bucket, Key=f"p/{genuine.name}", Body=genuine.encode())
     artifact = f"compile_artifact_{KEY}_{RANK}.tar"
     client.put_object(Bucket=s3_bucket, Key=f"p/{artifact}", Body=b"x", StorageClass="GLACIER")
+    plan = plan_object_name("a" * 64)
+    client.put_object(Bucket=s3_bucket, Key=f"p/{plan}", Body=b"{}", StorageClass="GLACIER")
     options = ["--storage-options", json.dumps({"endpoint_url": moto_s3.endpoint})]
     url = f"s3://{s3_bucket}/p"
     booted = _stats(url, *options)
@@ -134,6 +136,7 @@ def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls_nor_cp(
     listed = run("ls", url, *options)
     assert listed.returncode == 0, listed.stderr
     assert f"unreadable here compile artifact {artifact}" in listed.stdout
+    assert f"unreadable plan {'a' * 12}: unreadable here: kept" in listed.stdout
     copied = run("cp", url, str(tmp_path / "copy"), *options)
     assert copied.returncode == 0, copied.stderr
     assert f"skipped compile artifact {artifact}: unreadable here" in copied.stdout
