@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from plancache._artifacts.archive import install_cache, read_manifest, remove_partial_installs
@@ -30,6 +30,7 @@ from plancache._artifacts.manifest import CACHE_PREFIX, Manifest, parse_cache_na
 from plancache._artifacts.pacing import _Deadline
 from plancache._artifacts.packing import pack_cache, scan_cache
 from plancache._objects import ObjectLayer, Opened
+from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
 
@@ -43,10 +44,19 @@ again by the node. Past it, the node builds what they lack itself."""
 class CacheBundles(Engine):
     """The kind on the engine's stores (see the module docstring)."""
 
-    def fetch_cache(self, kind: str, scope: str, root: Path) -> CacheFetched:
+    def fetch_cache(
+        self,
+        kind: str,
+        scope: str,
+        root: Path,
+        *,
+        max_bundles: int = MAX_BUNDLES,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> CacheFetched:
         """Install below ``root`` the files of every trusted, valid bundle of cache ``kind``
-        in ``scope`` (at most ``MAX_BUNDLES`` a source), each file create-if-absent, within
-        the fetch bound. The paths every bundle read lists (installed or not) are returned as
+        in ``scope`` (at most ``max_bundles`` a source), each file create-if-absent, within
+        the fetch bound, installing nothing more once ``cancelled()`` (its caller stopped
+        waiting). The paths every bundle read lists (installed or not) are returned as
         ``known``: an upload leaves them out. Never raises."""
         start = time.monotonic()
         deadline = start + self.compile.fetch_timeout
@@ -59,22 +69,30 @@ class CacheBundles(Engine):
             for name in layer.list_objects(prefix):
                 if parse_cache_name(name) is not None:
                     names.append(name)
-                if len(names) >= MAX_BUNDLES or time.monotonic() > deadline:
+                if len(names) >= max_bundles or time.monotonic() > deadline:
                     break
             return sorted(names)
 
         def install_from(source: Source, name: str, opened: Opened) -> tuple[Manifest, int]:
             named_kind, named_scope, _ = parse_cache_name(name) or ("", "", "")
             return install_cache(
-                _Deadline(opened, deadline),
+                _Deadline(opened, deadline, cancelled),
                 root,
                 named_kind,
                 named_scope,
                 accept=lambda m: self.refusal(m.verdict, source.local, opened.foreign),
                 max_bytes=self.compile.max_bytes,
+                keyring=self.keyring,
             )
 
-        read = self.read(f"{kind} cache", listed, install_from, every=True, deadline=deadline)
+        read = self.read(
+            f"{kind} cache",
+            listed,
+            install_from,
+            every=True,
+            deadline=deadline,
+            cancelled=cancelled,
+        )
         result = CacheFetched(read.reason)
         for manifest, installed in read.got:
             result.bundles += 1
@@ -102,7 +120,11 @@ class CacheBundles(Engine):
                 if opened is None:
                     continue
                 try:
-                    head = read_manifest(opened, max_bytes=self.compile.max_bytes)
+                    head = read_manifest(
+                        opened, max_bytes=self.compile.max_bytes, keyring=self.keyring
+                    )
+                except ArtifactError:  # unsigned, corrupt: holds nothing for this upload
+                    continue
                 finally:
                     opened.close()
                 if self.refusal(head.verdict, source.local, opened.foreign) is None:

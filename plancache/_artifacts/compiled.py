@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from plancache import _metrics as metrics
+from plancache._artifacts import reader
 from plancache._artifacts.archive import install, read_manifest, remove_partial_installs
 from plancache._artifacts.engine import Engine, Fetched, Source, count
 from plancache._artifacts.manifest import (
@@ -36,6 +37,7 @@ from plancache._artifacts.packing import pack
 from plancache._artifacts.trust import Refusal, Refused
 from plancache._objects import Opened
 from plancache._observation import Observation
+from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
 
@@ -121,6 +123,7 @@ class CompileArtifacts(Engine):
                 max_bytes=self.compile.max_bytes,
                 progress=pace.update,
                 proceed=lambda: not cancelled(),
+                keyring=self.keyring,
             )
 
         read = self.read(
@@ -184,10 +187,13 @@ class CompileArtifacts(Engine):
 
     def others(self, key: str, rank: str, limit: int = MAX_COMPARED) -> list[Manifest]:
         """The manifests (heads only) of at most ``limit`` artifacts of ``rank`` the store
-        holds under keys other than ``key``, newest first: what a miss is compared with.
-        Never raises (a store that cannot be listed or read gives what was read)."""
+        holds under keys other than ``key``, newest first: what a miss is compared with;
+        where the keys require signatures, validly signed ones only (``reader``: one that
+        cannot be read or judged is skipped). Never raises (a store that cannot be listed or
+        read gives what was read)."""
         found: list[Manifest] = []
         source = self.sources()[-1]  # the store: what the fleet shares
+        mb = self.compile.max_bytes
         try:
             names = sorted(
                 n
@@ -197,13 +203,9 @@ class CompileArtifacts(Engine):
                 and parsed[0] != key
             )
             for name in names[: 2 * limit]:  # bounded reads, in name order
-                opened = source.layer.open_object(name)
-                if opened is None:
-                    continue
-                try:
-                    found.append(read_manifest(opened, max_bytes=self.compile.max_bytes))
-                finally:
-                    opened.close()
+                with contextlib.suppress(ArtifactError), reader.opened(source.layer, name) as o:
+                    if o is not None:  # with keys, unsigned ones refused on their bytes
+                        found.append(read_manifest(o, max_bytes=mb, keyring=self.keyring))
         except Exception as exc:
             log.info("plancache: compile artifacts of %s not listed: %s", rank, exc)
         found.sort(key=lambda m: -m.created_at)

@@ -47,7 +47,7 @@ from plancache._artifacts.manifest import (
 from plancache._artifacts.trust import Refused
 from plancache._objects import Opened
 from plancache._plan import Signature
-from plancache._signing import Keyring
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
@@ -103,10 +103,13 @@ class ModelInfo(Envelope):
         }
 
     @classmethod
-    def decode(cls, data: bytes) -> ModelInfo:
+    def decode(cls, data: bytes, keyring: Keyring = NO_KEYS) -> ModelInfo:
         """Parse and check an envelope; ``ArtifactError`` (``UnreadableHereError`` for a
-        newer format)."""
-        obj = decode_versioned(data, "model info", MAX_BYTES, FORMAT, error=ArtifactError)
+        newer format; where ``keyring`` requires signatures, ``Unvouched`` for one no
+        accepted key signed, judged on its bytes first)."""
+        obj = decode_versioned(
+            data, "model info", MAX_BYTES, FORMAT, error=ArtifactError, keyring=keyring
+        )
         file, created = obj.get("file"), obj.get("created_at")
         texts = [obj.get(k) for k in ("vllm", "module", "class")]
         if not all(isinstance(t, str) and t for t in texts):
@@ -124,10 +127,10 @@ class ModelInfo(Envelope):
         return cls(vllm, module, klass, file, float(created), signature)
 
 
-def read(stream: Readable) -> ModelInfo:
+def read(stream: Readable, keyring: Keyring = NO_KEYS) -> ModelInfo:
     """The envelope ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
-    ``ArtifactError`` for anything else."""
-    return ModelInfo.decode(read_bounded(stream, MAX_BYTES))
+    ``ArtifactError`` for anything else (see ``ModelInfo.decode``)."""
+    return ModelInfo.decode(read_bounded(stream, MAX_BYTES), keyring)
 
 
 def read_file(path: Path) -> dict[str, Any] | None:
@@ -186,7 +189,7 @@ class ModelInfoKind(Engine):
         start = time.monotonic()
 
         def install_from(source: Source, name: str, opened: Opened) -> ModelInfo | None:
-            info = read(opened)
+            info = read(opened, self.keyring)
             if info.name != name or info.module_hash != module_hash:
                 raise ArtifactError("model info of another module, class or source")
             why = self.refusal(info.verdict, source.local, opened.foreign)

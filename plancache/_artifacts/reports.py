@@ -14,8 +14,10 @@ it decides nothing on any node: only ``stats`` reads it.
   every count in 0..2**31; checked on every decode (``Report.decode``);
 - policy: written once per boot, create-if-absent, to every destination (the store unless
   it refuses writes, then the local tier: ``Engine.write_small``), signed where this node
-  can sign; read by ``stats`` only: the newest ``MAX_READ`` by name, those the keys accept
-  (with a keyring that requires signatures, only validly signed ones) summed per kind
+  can sign; read by ``stats`` only, through the bounded reader (``reader``:
+  ``read_newest``): newest first by name, those dated past the clock-skew bound left out,
+  until ``MAX_READ`` were accepted (with a keyring that requires signatures, only validly
+  signed ones, refused on their bytes), unreadable ones skipped and counted; summed per kind
   (``summarize``); deleted by ``prune`` past its age, like every kind.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from plancache._artifacts import reader
 from plancache._artifacts.engine import Engine
 from plancache._artifacts.manifest import (
     Envelope,
@@ -39,8 +42,10 @@ from plancache._artifacts.manifest import (
     parse_signature,
     read_bounded,
 )
+from plancache._artifacts.trust import signature_refusal
+from plancache._objects import ObjectLayer
 from plancache._plan import Signature
-from plancache._signing import Keyring
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError
 
 FORMAT = 1
@@ -61,6 +66,11 @@ _OBJECT = re.compile(rf"{NAME_PREFIX}[0-9]{{10}}_[0-9a-f]{{16}}\.json")
 def is_report_object_name(name: str) -> bool:
     """True if ``name`` is a boot report's object name."""
     return bool(_OBJECT.fullmatch(name))
+
+
+def dated(name: str) -> float:
+    """The creation time a report's object name carries (epoch seconds)."""
+    return float(name[len(NAME_PREFIX) : len(NAME_PREFIX) + 10])
 
 
 def _mapping(value: object, what: str) -> dict[str, Any]:
@@ -128,10 +138,13 @@ class Report(Envelope):
         }
 
     @classmethod
-    def decode(cls, data: bytes) -> Report:
+    def decode(cls, data: bytes, keyring: Keyring = NO_KEYS) -> Report:
         """Parse and check a report; ``ArtifactError`` (``UnreadableHereError`` for a newer
-        format)."""
-        obj = decode_versioned(data, "boot report", MAX_BYTES, FORMAT, error=ArtifactError)
+        format; where ``keyring`` requires signatures, ``Unvouched`` for one no accepted key
+        signed, judged on its bytes first)."""
+        obj = decode_versioned(
+            data, "boot report", MAX_BYTES, FORMAT, error=ArtifactError, keyring=keyring
+        )
         created = obj.get("created_at")
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise ArtifactError("a boot report's created_at is a number")
@@ -142,10 +155,45 @@ class Report(Envelope):
         return cls(float(created), producer, decisions, rebuilt, boot, signature)  # type: ignore[arg-type]
 
 
-def read(stream: Readable) -> Report:
+def read(stream: Readable, keyring: Keyring = NO_KEYS) -> Report:
     """The report ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
-    ``ArtifactError`` for anything else."""
-    return Report.decode(read_bounded(stream, MAX_BYTES))
+    ``ArtifactError`` for anything else (see ``Report.decode``)."""
+    return Report.decode(read_bounded(stream, MAX_BYTES), keyring)
+
+
+def read_newest(
+    layer: ObjectLayer, keyring: Keyring, many: reader.Many[Report | None]
+) -> dict[str, Any]:
+    """What ``stats`` shows of ``layer``'s reports: ``stored`` (listed), ``future`` (dated
+    past the clock-skew bound: left out), ``unreadable`` (not handed over: skipped),
+    ``read`` (accepted: valid, named as stored, and where ``keyring`` requires signatures
+    validly signed; the newest ``MAX_READ`` of them, read newest first through ``many``) and
+    their sums per kind (``summarize``)."""
+    listed = sorted(n for n in layer.list_objects(NAME_PREFIX) if is_report_object_name(n))
+    ordered, future = reader.newest(listed, dated)
+    unreadable: list[str] = []
+
+    def accepted(name: str) -> Report | None:
+        try:
+            with reader.opened(layer, name) as opened:
+                report = None if opened is None else read(opened, keyring)
+        except reader.Unreadable:
+            unreadable.append(name)
+            return None
+        except ArtifactError:
+            return None
+        if report is None or report.name != name or signature_refusal(keyring, report.verdict):
+            return None
+        return report
+
+    got = reader.accepted(ordered, MAX_READ, accepted, many)
+    return {
+        "stored": len(listed),
+        "read": len(got),
+        "future": future,
+        "unreadable": len(unreadable),
+        "kinds": summarize(got),
+    }
 
 
 def made(

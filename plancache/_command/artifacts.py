@@ -17,7 +17,6 @@ from typing import Any
 from plancache._artifacts import claims, modelinfo, reports
 from plancache._artifacts.archive import remove_partial_installs
 from plancache._artifacts.manifest import parse_artifact_object_name, parse_cache_name
-from plancache._artifacts.trust import signature_refusal
 from plancache._command.display import age, echo, plural, print_table, size, when
 from plancache._inventory import artifacts as inventory
 from plancache._inventory import parallel
@@ -404,21 +403,8 @@ def cp(
 
 
 def reports_read(layer: ObjectLayer, keyring: Keyring) -> dict[str, Any]:
-    """The boot reports: how many are stored, how many of the newest ``MAX_READ`` were read
-    (valid and, where the keys require signatures, validly signed), and their sums per kind
-    (``reports.summarize``)."""
-    names = inventory.names(layer, inventory.REPORTS)
-    newest = names[-reports.MAX_READ :]
-
-    def accepted(name: str) -> reports.Report | None:
-        e = inventory.read_entry(layer, name, kind=inventory.REPORTS)
-        head = None if e is None else e.manifest
-        if not isinstance(head, reports.Report) or signature_refusal(keyring, head.verdict):
-            return None
-        return head
-
-    read = [r for r in parallel(accepted, newest) if r is not None]
-    return {"stored": len(names), "read": len(read), "kinds": reports.summarize(read)}
+    """The boot reports ``stats`` shows (``reports.read_newest``)."""
+    return reports.read_newest(layer, keyring, parallel)
 
 
 def stats(layer: ObjectLayer, max_bytes: int, keyring: Keyring = NO_KEYS) -> dict[str, Any]:

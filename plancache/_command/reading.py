@@ -72,7 +72,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     valid = sorted(
         ((e.plan, e) for e in entries if e.plan is not None), key=lambda pe: sort_key(pe[0])
     )
-    invalid = [e for e in entries if e.plan is None]
+    invalid = [e for e in entries if e.plan is None and not e.unreadable]
     now = time.time()
     if args.json:
         print_json(
@@ -118,12 +118,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
+    for e in entries:
+        if e.unreadable:
+            echo(f"  unreadable plan {e.fingerprint[:12]}: {e.error}")
     artifacts = artifact_commands.ls(store.layer, keyring, max_artifact_bytes())
     bundles = artifact_commands.ls_bundles(store.layer, keyring, max_artifact_bytes())
     infos = artifact_commands.ls_model_info(store.layer, keyring)
     artifact_commands.ls_claims(store.layer, max_artifact_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
+    if unreadable := sum(e.unreadable for e in entries):
+        summary += f", {unreadable} unreadable"
     if artifacts:
         summary += f", {plural(len(artifacts), 'compile artifact')}"
     if bundles:
@@ -220,7 +225,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
         echo(f"caches   {plural(a['cache_bundles'], 'bundle')}, {size(a['cache_bundle_bytes'])}")
     booted = a["boot_reports"]
     if booted["stored"]:
-        echo(f"boots    {booted['read']} reported (the newest of {booted['stored']} stored)")
+        skipped = [
+            f"{booted['unreadable']} unreadable, skipped" if booted["unreadable"] else "",
+            f"{booted['future']} dated ahead of this clock, left out" if booted["future"] else "",
+        ]
+        extra = "; ".join(filter(None, skipped))
+        echo(
+            f"boots    {booted['read']} reported (the newest of {booted['stored']} stored"
+            f"{'; ' + extra if extra else ''})"
+        )
     width = max(map(len, booted["kinds"]), default=0)
     for kind, row in booted["kinds"].items():
         results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))

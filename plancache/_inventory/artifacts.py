@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from plancache._artifacts import modelinfo, reports
+from plancache._artifacts import modelinfo, reader, reports
 from plancache._artifacts.archive import install, install_cache, read_manifest
 from plancache._artifacts.manifest import (
     CACHE_PREFIX,
@@ -178,21 +178,23 @@ def names(layer: ObjectLayer, kind: CodeKind = ARTIFACTS) -> list[str]:
 def read_entry(
     layer: ObjectLayer, name: str, max_bytes: int = DEFAULT_MAX_BYTES, kind: CodeKind = ARTIFACTS
 ) -> ArtifactRecord | None:
-    """The entry of ``name`` (its head, read from the object); None if it is gone."""
-    opened = layer.open_object(name)
-    if opened is None:
-        return None
+    """The entry of ``name`` (its head, read from the object through ``reader.opened``:
+    one the store does not hand over is an entry unreadable here, never an error); None if
+    it is gone."""
+    version = None
     try:
-        head = kind.head(opened, max_bytes)
+        with reader.opened(layer, name) as opened:
+            if opened is None:
+                return None
+            version = opened.version
+            head = kind.head(opened, max_bytes)
     except UnreadableHereError as exc:
-        return ArtifactRecord(name, error=str(exc), unreadable=True, version=opened.version)
+        return ArtifactRecord(name, error=str(exc), unreadable=True, version=version)
     except ArtifactError as exc:
-        return ArtifactRecord(name, error=str(exc), version=opened.version)
-    finally:
-        opened.close()
+        return ArtifactRecord(name, error=str(exc), version=version)
     if not kind.owns(head, name):
-        return ArtifactRecord(name, error="its head names another object", version=opened.version)
-    return ArtifactRecord(name, head, version=opened.version)
+        return ArtifactRecord(name, error="its head names another object", version=version)
+    return ArtifactRecord(name, head, version=version)
 
 
 def resolve(layer: ObjectLayer, refs: Sequence[str]) -> list[str]:
@@ -248,21 +250,21 @@ def verify(
     else the problem; a vanished object is no problem."""
     if not kind.named(name):
         return Problem(f"not a {kind.label}'s name", corrupt=False)
-    opened = layer.open_object(name)
-    if opened is None:
-        return None
 
     def signed(head: Head) -> Refused | None:
         return signature_refusal(keyring, head.verdict)
 
+    version = None
     try:
-        kind.check(opened, name, signed, max_bytes)
+        with reader.opened(layer, name) as opened:
+            if opened is None:
+                return None
+            version = opened.version
+            kind.check(opened, name, signed, max_bytes)
     except UnreadableHereError as exc:
-        return Problem(f"{UNREADABLE_HERE} ({exc})", corrupt=False, version=opened.version)
+        return Problem(f"{UNREADABLE_HERE} ({exc})", corrupt=False, version=version)
     except ArtifactError as exc:
-        return Problem(str(exc), corrupt=True, version=opened.version)
-    finally:
-        opened.close()
+        return Problem(str(exc), corrupt=True, version=version)
     return None
 
 
@@ -294,11 +296,13 @@ def copy(
     and copied from there; or, with ``trust_unsigned`` (the operator's explicit word),
     streamed as it is. True if created, False if ``target`` had it, None if ``source`` has
     not, and the reason as text where it was skipped."""
-    opened = source.open_object(name)
-    if opened is None:
-        return None
     with contextlib.ExitStack() as stack:
-        stack.callback(opened.close)
+        try:
+            opened = stack.enter_context(reader.opened(source, name))
+        except reader.Unreadable as exc:
+            return f"{UNREADABLE_HERE} ({exc})"
+        if opened is None:
+            return None
         if trust_unsigned:
             return target.write_object(name, _chunks(opened))
         spool = stack.enter_context(tempfile.TemporaryFile(prefix="plancache-cp-"))
