@@ -25,13 +25,14 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from plancache._artifacts.engine import Engine
+from plancache._artifacts.kind import Reader, envelope_kind
 from plancache._artifacts.manifest import (
     Envelope,
     Readable,
@@ -39,6 +40,8 @@ from plancache._artifacts.manifest import (
     parse_signature,
     read_bounded,
 )
+from plancache._artifacts.trust import signature_refusal
+from plancache._command.display import plural
 from plancache._plan import Signature
 from plancache._signing import Keyring
 from plancache.errors import ArtifactError
@@ -187,10 +190,54 @@ def summarize(reports: Iterable[Report]) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items()))
 
 
-class ReportKind(Engine):
-    """The kind on the engine's stores (see the module docstring)."""
+class ReportKind:
+    """The kind's operations on ``engine``'s stores (see the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def upload_report(self, report: Report) -> dict[str, bool]:
         """Store ``report`` create-if-absent on every destination; {destination: created}.
         Never raises."""
-        return self.write_small("boot_report", "boot report", report.name, report.encode())
+        return self.engine.write_small("boot_report", "boot report", report.name, report.encode())
+
+
+def _stats(names: Sequence[str], read_heads: Reader, keyring: Keyring) -> dict[str, Any]:
+    """How many reports are stored, how many of the newest ``MAX_READ`` were read (valid
+    and, where the keys require signatures, validly signed), their sums per kind."""
+    heads = read_heads(names[-MAX_READ:])
+    counted = [r for r in heads if signature_refusal(keyring, r.verdict) is None]
+    kinds = summarize(counted)
+    return {"boot_reports": {"stored": len(names), "read": len(counted), "kinds": kinds}}
+
+
+def _stats_text(stats: dict[str, Any]) -> list[str]:
+    booted = stats["boot_reports"]
+    lines = []
+    if booted["stored"]:
+        lines.append(
+            f"boots    {booted['read']} reported (the newest of {booted['stored']} stored)"
+        )
+    width = max(map(len, booted["kinds"]), default=0)
+    for kind, row in booted["kinds"].items():
+        results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))
+        rebuilt = f"rebuilt {row[REBUILT]} on {plural(row['boots_rebuilt'], 'boot')}"
+        lines.append(
+            f"  {kind.ljust(width)}  {plural(row['boots'], 'boot')}: {results or '-'}; {rebuilt}"
+        )
+    return lines
+
+
+BOOT_REPORTS = envelope_kind(
+    "boot-report",
+    "boot report",
+    NAME_PREFIX,
+    read,
+    "its envelope is not the report its name says",
+    named=is_report_object_name,
+    stats=_stats,
+    stats_text=_stats_text,
+    copied=False,  # a store's reports are those of the boots that wrote to it
+)
+"""The kind as the inventory and the commands see it (``plancache._artifacts.kind``): read
+by ``stats`` only, neither listed nor copied."""
