@@ -188,7 +188,8 @@ class Engine(Trust):
     the one trust rule (``Trust``: ``refusal``, ``may_download``): ``store`` is the object
     layer of the stack ``Settings.open_store`` builds (``opened``: the store
     ``PLANCACHE_URL`` names, behind the conformance guard and read-only mode), ``local`` its
-    local tier's layer. Each kind is a subclass that adds its operations."""
+    local tier's layer. A kind's operations are an object built on an engine (composition:
+    ``plancache._artifacts.kind``), never a subclass of it."""
 
     def __init__(
         self, settings: Settings, compile: CompileSettings, store: PlanStore | None = None
