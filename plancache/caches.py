@@ -13,7 +13,9 @@ Guarantees (those of the vLLM plugin's bundles, which use these same pieces):
 - trust: with a signing or verify key, only bundles validly signed by an accepted key are
   installed; without one, only from a local store only this user or root could write, or
   from a remote store with ``PLANCACHE_COMPILE_TRUST_UNSIGNED=1`` (docs/compile.md);
-- bounded: a pull takes at most ``PLANCACHE_COMPILE_TIMEOUT`` seconds, at most
+- bounded: a pull returns within ``PLANCACHE_COMPILE_TIMEOUT`` seconds over any backend (a
+  registered one whose calls stall too: ``timeout``, and it installs nothing after), reads
+  at most ``GeneratedCache.max_bundles`` bundles of a store (1,024 by default), at most
   ``PLANCACHE_COMPILE_MAX_BYTES`` a bundle; neither ``pull`` nor ``push`` raises for a
   store's failure (the program builds its cache as without plancache);
 - the store, local tier, keys and read-only mode are those of every ``PLANCACHE_*``
@@ -33,15 +35,21 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
+import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from plancache import _background as background
+from plancache._artifacts.bundles import MAX_BUNDLES
 from plancache._artifacts.engine import CacheFetched, CompileSettings
 from plancache._artifacts.manifest import is_cache_kind
 from plancache._artifacts.store import ArtifactStore
@@ -49,6 +57,8 @@ from plancache._config import Settings
 from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
 from plancache.errors import ConfigError
+
+log = logging.getLogger("plancache")
 
 __all__ = [
     "CacheFetched",
@@ -65,11 +75,13 @@ __all__ = [
 @dataclass(frozen=True)
 class GeneratedCache:
     """One generated cache on this node: its kind (``[a-z][a-z0-9_]{0,31}``), where it is
-    kept, and its scope (the fingerprint of the factors its files are valid under)."""
+    kept, its scope (the fingerprint of the factors its files are valid under), and the
+    most bundles a pull reads from a store (a kind's own cap may be lower)."""
 
     kind: str
     root: Path
     scope: str
+    max_bundles: int = MAX_BUNDLES
 
 
 @dataclass(frozen=True)
@@ -185,11 +197,33 @@ class CacheShare:
 
     def pull(self, cache: GeneratedCache) -> CacheFetched:
         """Install below ``cache.root`` every trusted, valid bundle of its kind and scope,
-        each file create-if-absent, within ``PLANCACHE_COMPILE_TIMEOUT``. Never raises:
-        ``reason`` says what happened, ``known`` lists every path the bundles read hold
-        (pass it to ``push``)."""
+        each file create-if-absent, within ``PLANCACHE_COMPILE_TIMEOUT``: past it, whatever
+        the backend does, ``timeout`` (the fetch, left on a daemon thread, installs nothing
+        more). Never raises: ``reason`` says what happened, ``known`` lists every path the
+        bundles read hold (pass it to ``push``)."""
+        start = time.monotonic()
         Directory.make(cache.root).close()
-        return self._artifacts.fetch_cache(cache.kind, cache.scope, cache.root)
+        stop = threading.Event()
+        job = background.start(
+            functools.partial(
+                self._artifacts.fetch_cache,
+                cache.kind,
+                cache.scope,
+                cache.root,
+                max_bundles=cache.max_bundles,
+                cancelled=stop.is_set,
+            ),
+            "plancache-cache-pull",
+        )
+        if not job.join(self.fetch_timeout - (time.monotonic() - start)):
+            stop.set()
+            log.warning(
+                "plancache: %s cache: pull not done within %g s: timeout",
+                cache.kind,
+                self.fetch_timeout,
+            )
+            return CacheFetched("timeout", seconds=time.monotonic() - start)
+        return job.wait(0)
 
     def push(
         self,

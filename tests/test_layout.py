@@ -126,13 +126,25 @@ ENGINE = [
     "_artifacts/pacing.py",
 ]
 """The modules every kind shares: they know no backend (the stores' generic hooks serve)."""
-KIND_MODULES = [
-    "_artifacts/compiled.py",
-    "_artifacts/bundles.py",
-    "_artifacts/modelinfo.py",
-    "_artifacts/reports.py",
-]
-"""One module per kind loaded as code or trusted as fact, and the boot reports."""
+
+
+def _kind_values() -> dict[str, set[str]]:
+    """{module: the module-level names it binds to a registered kind} over the package."""
+    from plancache._artifacts.registry import KINDS
+
+    out: dict[str, set[str]] = {}
+    for rel in _tree():
+        if rel.startswith(("integrations/", "testing/")) or rel == "__main__.py":
+            continue
+        module = importlib.import_module(_dotted(rel))
+        bound = {n for n, v in vars(module).items() if any(v is k for k in KINDS)}
+        if bound:
+            out[rel] = bound
+    return out
+
+
+KIND_MODULES = sorted(rel for rel in _kind_values() if rel.startswith("_artifacts/"))
+"""One module per registered kind (each declares its ``Kind``), read from the registry."""
 
 
 def test_no_module_is_over_the_line_cap() -> None:
@@ -332,3 +344,73 @@ def test_both_checks_flag_a_planted_module() -> None:
         [".mkdir", ".write_bytes", "open", "os.link", ".unlink"]
     )
     assert len(foreign_rules(PLANTED)) == 2  # the owner compared, the write bits masked
+
+
+KIND_WORDS = {"name", "label", "prefix"}
+"""A kind's attributes a command could dispatch on by comparing them with a kind's text."""
+
+
+def _identifier(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+
+
+def kind_dispatch(source: str, values: set[str], texts: set[str]) -> list[str]:
+    """Where ``source`` names a kind: a module of a kind imported, a kind's value (any name
+    in ``values``) used, something named ``kind`` compared with a constant (``kind is
+    inventory.REPORTS``), or an attribute of ``KIND_WORDS`` compared with a kind's name,
+    label or prefix (any of ``texts``)."""
+    found = []
+    kinds = {_dotted(rel) for rel in KIND_MODULES}
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            found += [f"{line}: imports {m}" for m in sorted(imported & kinds)]
+        elif isinstance(node, ast.Name | ast.Attribute) and _identifier(node) in values:
+            found.append(f"{line}: names {_identifier(node)}")
+        elif isinstance(node, ast.Compare):
+            sides = [_identifier(s) for s in [node.left, *node.comparators]]
+            constants = [s for s in [node.left, *node.comparators] if isinstance(s, ast.Constant)]
+            identity = all(
+                isinstance(op, ast.Is | ast.IsNot | ast.Eq | ast.NotEq) for op in node.ops
+            )
+            if (
+                identity
+                and any("kind" in s.lower() for s in sides)
+                and any(s.isupper() for s in sides)
+            ):
+                found.append(f"{line}: compares a kind with a constant")
+            if set(sides) & KIND_WORDS and any(c.value in texts for c in constants):
+                found.append(f"{line}: compares a kind's name, label or prefix with its text")
+    return found
+
+
+def _kinds_known() -> tuple[set[str], set[str]]:
+    from plancache._artifacts.registry import KINDS
+
+    values = set().union(*_kind_values().values())
+    texts = {t for k in KINDS for t in (k.name, k.label, k.prefix)}
+    return values, texts
+
+
+@pytest.mark.parametrize("rel", [r for r in _tree() if r.startswith("_command/")])
+def test_the_commands_dispatch_on_no_kind(rel: str) -> None:
+    """The commands iterate over the registry and ask each kind's value; none names a kind
+    (no ``if kind is inventory.REPORTS``, no ``kind.name == "compile"``)."""
+    found = kind_dispatch((PACKAGE / rel).read_text(), *_kinds_known())
+    assert not found, f"{rel} dispatches on a kind: " + "; ".join(found)
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "if kind is inventory.REPORTS:\n    pass",
+        "if kind.name == 'boot-report':\n    pass",
+        "every = ', every byte' if kind.label == 'compile artifact' else ''",
+        "from plancache._artifacts.modelinfo import is_model_info_object_name",
+        "from plancache._artifacts import reports",
+        "rows = scan(layer, kind=MODEL_INFO)",
+    ],
+)
+def test_the_dispatch_check_finds_a_planted_one(planted: str) -> None:
+    assert kind_dispatch(planted, *_kinds_known())

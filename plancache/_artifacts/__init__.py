@@ -14,7 +14,9 @@ manifest, names, signatures: pure), ``trust`` (the one trust rule, typed refusal
 ``packing`` (pack a directory into a stream), ``archive`` (verify a stream and install it
 atomically), ``claims`` and ``pacing`` (upload claims; deadlines and pace), ``engine``
 (settings, sources, the one read loop and write, on the stack ``Settings.open_store``
-builds), one module per kind (``compiled``, ``bundles``, ``modelinfo``), ``store``
-(``ArtifactStore``, all of them behind one object); the inventory is
+builds), ``kind`` (a kind declared as a value), one module per kind (``compiled``,
+``bundles``, ``modelinfo``, ``reports``: each declares its ``Kind``), ``registry`` (the one
+registry the inventory and the commands iterate over), ``store`` (``ArtifactStore``, the
+engine with each kind's operations by composition); the inventory is
 ``plancache._inventory.artifacts``. Importing this package imports no client library.
 """

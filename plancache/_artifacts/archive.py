@@ -48,6 +48,7 @@ from plancache._artifacts.packing import BLOCK, CHUNK
 from plancache._artifacts.trust import Refused, refused
 from plancache._directory import Below, Directory
 from plancache._neighbours import OddFileError
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError as ArtifactError  # raised here, named there
 from plancache.errors import InvalidPlanError, UnreadableHereError
 
@@ -165,19 +166,23 @@ def _member(stream: _Stream) -> tarfile.TarInfo:
     return info
 
 
-def read_manifest(source: Readable, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
-    """The manifest at the head of an artifact stream (the rest is not read)."""
-    return _read_manifest(_decompressing(source), max_bytes)
+def read_manifest(
+    source: Readable, *, max_bytes: int = DEFAULT_MAX_BYTES, keyring: Keyring = NO_KEYS
+) -> Manifest:
+    """The manifest at the head of an artifact stream (the rest is not read); where
+    ``keyring`` requires signatures, an unsigned one is refused before it is parsed
+    (``Manifest.decode``)."""
+    return _read_manifest(_decompressing(source), max_bytes, keyring)
 
 
-def _read_manifest(stream: _Stream, max_bytes: int) -> Manifest:
+def _read_manifest(stream: _Stream, max_bytes: int, keyring: Keyring) -> Manifest:
     info = _member(stream)
     if info.name != MANIFEST_NAME or info.size > MAX_MANIFEST_BYTES:
         raise ArtifactError("artifact stream does not start with its manifest")
     data = stream.exact(info.size)
     stream.exact(-info.size % BLOCK)
     try:
-        return Manifest.decode(data, max_bytes=max_bytes)
+        return Manifest.decode(data, max_bytes=max_bytes, keyring=keyring)
     except InvalidPlanError as exc:
         raise ArtifactError(f"artifact manifest is invalid: {exc}") from None
 
@@ -192,17 +197,23 @@ def install(
     max_bytes: int = DEFAULT_MAX_BYTES,
     progress: Callable[[int], None] | None = None,
     proceed: Callable[[], bool] = lambda: True,
+    keyring: Keyring = NO_KEYS,
 ) -> Manifest | None:
     """Verify the artifact stream ``source`` and install it into ``target`` (vLLM's ``<key>``
     directory), as the module docstring says. ``accept(manifest)`` returns None to go on, or
-    the refusal (``Refused``, or a reason as text: raised as ``Refused``). Returns the
+    the refusal (``Refused``, or a reason as text: raised as ``Refused``); where ``keyring``
+    requires signatures an unsigned manifest is refused before it is parsed. Returns the
     manifest installed, or None when the rank directory was already there (another process
     installed or compiled it: kept). Raises
     ``ArtifactError`` (nothing installed) for anything else: among them what ``progress``
     (called with each chunk's size as the files are extracted) raises, and ``proceed()``
     False once every file is verified (the caller stopped waiting for it)."""
     expected = (COMPILE, key, rank)
-    with _verified(source, target, expected, accept, max_bytes, progress) as (manifest, root, temp):
+    with _verified(source, target, expected, accept, max_bytes, keyring, progress) as (
+        manifest,
+        root,
+        temp,
+    ):
         with Below(temp, create=True) as below:
             fd = below(f"{rank}/{INSTALLED_MANIFEST}").create(INSTALLED_MANIFEST, 0o644)
         with os.fdopen(fd, "wb") as f:
@@ -220,6 +231,7 @@ def install_cache(
     *,
     accept: Callable[[Manifest], Refused | str | None],
     max_bytes: int = DEFAULT_MAX_BYTES,
+    keyring: Keyring = NO_KEYS,
 ) -> tuple[Manifest, int]:
     """Verify the cache bundle ``source`` (of ``kind`` in ``scope``) and install its files
     below ``root``, each create-if-absent, group files last and re-rooted (see the module
@@ -227,7 +239,7 @@ def install_cache(
     ``ArtifactError`` (nothing installed) as ``install`` does."""
     expected = (kind, scope, "")
     with (
-        _verified(source, root, expected, accept, max_bytes) as (manifest, top, temp),
+        _verified(source, root, expected, accept, max_bytes, keyring) as (manifest, top, temp),
         Below(temp) as extracted,
         Below(top, create=True) as into,
     ):
@@ -283,6 +295,7 @@ def _verified(
     expected: tuple[str, str, str],
     accept: Callable[[Manifest], Refused | str | None],
     max_bytes: int,
+    keyring: Keyring,
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Manifest, Directory, Directory]]:
     """The manifest of ``source`` (its (kind, key, rank) ``expected``; accepted), the guarded
@@ -290,7 +303,7 @@ def _verified(
     holding every file the manifest lists, verified; the temp directory is removed
     afterwards."""
     stream = _decompressing(source)
-    manifest = _read_manifest(stream, max_bytes)
+    manifest = _read_manifest(stream, max_bytes, keyring)
     if (manifest.kind, manifest.key, manifest.rank) != expected:
         raise ArtifactError(f"foreign artifact: it is {manifest.key[:12]}/{manifest.rank}")
     reason = accept(manifest)

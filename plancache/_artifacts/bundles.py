@@ -20,16 +20,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from plancache._artifacts.archive import install_cache, read_manifest, remove_partial_installs
 from plancache._artifacts.engine import CacheFetched, Engine, Source, count
-from plancache._artifacts.manifest import CACHE_PREFIX, Manifest, parse_cache_name
+from plancache._artifacts.kind import (
+    Accept,
+    Kind,
+    Reader,
+    Table,
+    manifest_head,
+    manifest_show,
+    signed_text,
+    sized,
+)
+from plancache._artifacts.manifest import CACHE_PREFIX, Manifest, Readable, parse_cache_name
 from plancache._artifacts.pacing import _Deadline
 from plancache._artifacts.packing import pack_cache, scan_cache
+from plancache._command.display import age, size
 from plancache._objects import ObjectLayer, Opened
+from plancache._signing import Keyring
+from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
 
@@ -40,16 +55,28 @@ scope: every model served on one GPU), and every bundle not read is rebuilt and 
 again by the node. Past it, the node builds what they lack itself."""
 
 
-class CacheBundles(Engine):
-    """The kind on the engine's stores (see the module docstring)."""
+class CacheBundles:
+    """The kind's operations on ``engine``'s stores (see the module docstring)."""
 
-    def fetch_cache(self, kind: str, scope: str, root: Path) -> CacheFetched:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def fetch_cache(
+        self,
+        kind: str,
+        scope: str,
+        root: Path,
+        *,
+        max_bundles: int = MAX_BUNDLES,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> CacheFetched:
         """Install below ``root`` the files of every trusted, valid bundle of cache ``kind``
-        in ``scope`` (at most ``MAX_BUNDLES`` a source), each file create-if-absent, within
-        the fetch bound. The paths every bundle read lists (installed or not) are returned as
+        in ``scope`` (at most ``max_bundles`` a source), each file create-if-absent, within
+        the fetch bound, installing nothing more once ``cancelled()`` (its caller stopped
+        waiting). The paths every bundle read lists (installed or not) are returned as
         ``known``: an upload leaves them out. Never raises."""
         start = time.monotonic()
-        deadline = start + self.compile.fetch_timeout
+        deadline = start + self.engine.compile.fetch_timeout
         with contextlib.suppress(OSError):
             remove_partial_installs(root)
         prefix = f"{CACHE_PREFIX}{kind}_{scope}_"
@@ -59,22 +86,30 @@ class CacheBundles(Engine):
             for name in layer.list_objects(prefix):
                 if parse_cache_name(name) is not None:
                     names.append(name)
-                if len(names) >= MAX_BUNDLES or time.monotonic() > deadline:
+                if len(names) >= max_bundles or time.monotonic() > deadline:
                     break
             return sorted(names)
 
         def install_from(source: Source, name: str, opened: Opened) -> tuple[Manifest, int]:
             named_kind, named_scope, _ = parse_cache_name(name) or ("", "", "")
             return install_cache(
-                _Deadline(opened, deadline),
+                _Deadline(opened, deadline, cancelled),
                 root,
                 named_kind,
                 named_scope,
-                accept=lambda m: self.refusal(m.verdict, source.local, opened.foreign),
-                max_bytes=self.compile.max_bytes,
+                accept=lambda m: self.engine.refusal(m.verdict, source.local, opened.foreign),
+                max_bytes=self.engine.compile.max_bytes,
+                keyring=self.engine.keyring,
             )
 
-        read = self.read(f"{kind} cache", listed, install_from, every=True, deadline=deadline)
+        read = self.engine.read(
+            f"{kind} cache",
+            listed,
+            install_from,
+            every=True,
+            deadline=deadline,
+            cancelled=cancelled,
+        )
         result = CacheFetched(read.reason)
         for manifest, installed in read.got:
             result.bundles += 1
@@ -89,9 +124,9 @@ class CacheBundles(Engine):
         heads of at most ``MAX_BUNDLES``, within the fetch bound, until every path is found.
         Fail-open: what could not be read is taken as not held."""
         held: set[str] = set()
-        deadline = time.monotonic() + self.compile.fetch_timeout
-        source = self.sources()[-1]
-        if not self.may_download(source.local):
+        deadline = time.monotonic() + self.engine.compile.fetch_timeout
+        source = self.engine.sources()[-1]
+        if not self.engine.may_download(source.local):
             return held
         try:
             names = itertools.islice(source.layer.list_objects(prefix), MAX_BUNDLES)
@@ -102,10 +137,14 @@ class CacheBundles(Engine):
                 if opened is None:
                     continue
                 try:
-                    head = read_manifest(opened, max_bytes=self.compile.max_bytes)
+                    head = read_manifest(
+                        opened, max_bytes=self.engine.compile.max_bytes, keyring=self.engine.keyring
+                    )
+                except ArtifactError:  # unsigned, corrupt: holds nothing for this upload
+                    continue
                 finally:
                     opened.close()
-                if self.refusal(head.verdict, source.local, opened.foreign) is None:
+                if self.engine.refusal(head.verdict, source.local, opened.foreign) is None:
                     held |= paths.intersection(e.path for e in head.files)
         except Exception as exc:  # the upload goes on: at worst it repeats a file
             log.info("plancache: stored bundles not all read before an upload: %s", exc)
@@ -124,7 +163,7 @@ class CacheBundles(Engine):
         create-if-absent, on the store (unless it refuses writes: logged), then on the local
         tier. Returns how many files it held (0: nothing new, nothing written) and
         {destination: created}. Raises ``ArtifactError`` (a file changed while read)."""
-        files = scan_cache(root, known, max_bytes=self.compile.max_bytes, kind=kind)
+        files = scan_cache(root, known, max_bytes=self.engine.compile.max_bytes, kind=kind)
         if files:  # what a stored bundle holds already (one the fetch did not read)
             held = self._held(f"{CACHE_PREFIX}{kind}_{scope}_", {f.path for f in files})
             files = [f for f in files if f.path not in held]
@@ -132,7 +171,65 @@ class CacheBundles(Engine):
             return 0, {}
 
         def packed() -> tuple[Manifest, Iterator[bytes]]:
-            return pack_cache(root, kind, scope, files, keyring=self.keyring, producer=producer)
+            return pack_cache(
+                root, kind, scope, files, keyring=self.engine.keyring, producer=producer
+            )
 
         name = packed()[0].name  # named by its content: another node may have added it
-        return len(files), self.write(f"cache_{kind}", f"{kind} cache", name, packed)
+        return len(files), self.engine.write(f"cache_{kind}", f"{kind} cache", name, packed)
+
+
+def _check(stream: Readable, name: str, accept: Accept, max_bytes: int) -> None:
+    """Every byte of a bundle, installed into a temp directory that is removed; its files
+    are those its name says."""
+    parsed = parse_cache_name(name)
+    assert parsed is not None
+    with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
+        manifest, _ = install_cache(
+            stream, Path(temp), *parsed[:2], accept=accept, max_bytes=max_bytes
+        )
+    if manifest.name != name:
+        raise ArtifactError("its files are not those its name says")
+
+
+def _row(m: Manifest, now: float, keyring: Keyring) -> list[str]:
+    host = str(m.producer.get("host", "-"))
+    return [
+        *(m.kind, m.key[:12], size(m.total_size), str(len(m.files))),
+        *(age(now - m.created_at), host, signed_text(m, keyring)),
+    ]
+
+
+def _stats(names: Sequence[str], read: Reader, keyring: Keyring) -> dict[str, Any]:
+    heads = read(names)
+    return {"cache_bundles": len(heads), "cache_bundle_bytes": sum(m.total_size for m in heads)}
+
+
+CACHE_BUNDLES = Kind(
+    "cache",
+    "cache bundle",
+    CACHE_PREFIX,
+    named=lambda name: parse_cache_name(name) is not None,
+    head=manifest_head,
+    owns=lambda m, name: m.name == name,
+    check=_check,
+    stats=_stats,
+    stats_text=sized("caches", "bundle", "cache_bundles", "cache_bundle_bytes"),
+    table=Table(
+        ("CACHE", "SCOPE", "SIZE", "FILES", "AGE", "HOST", "SIGNED"), _row, frozenset({2, 3, 4})
+    ),
+    fields=lambda m: {
+        "cache": m.kind,
+        "scope": m.key,
+        "bytes": m.total_size,
+        "files": len(m.files),
+        "producer": dict(m.producer),
+    },
+    show=manifest_show(
+        lambda m: [
+            f"kind         {m.kind} cache bundle (files of a generated cache)",
+            f"scope        {m.key}",
+        ]
+    ),
+)
+"""The kind as the inventory and the commands see it (``plancache._artifacts.kind``)."""

@@ -27,8 +27,9 @@ on a fetch's path, which reads only a verdict already known.
 Guarantees of ``Engine.read``: it never raises; a source the trust rule would refuse unread
 is not read; a failure is classified by its type into a reason (``Refused``: ``untrusted``
 or ``invalid``; ``TooSlow``: ``slow``; past the deadline: ``timeout``; another
-``ArtifactError``: ``invalid``; anything else: ``store-error``), and a slow or timed-out
-fetch reads nothing more. Nothing here knows a backend: the stores are asked through their
+``ArtifactError``: ``invalid``; anything else: ``store-error``; each logged with control
+characters escaped: ``_redaction.printable``), and a slow or timed-out fetch reads nothing
+more. Nothing here knows a backend: the stores are asked through their
 generic hooks (``ObjectLayer.remove_stale_temp_files``, ...) and the plans store's
 ``local_tier``.
 """
@@ -55,6 +56,7 @@ from plancache._background import Job
 from plancache._config import Settings, is_remote
 from plancache._objects import ObjectLayer, Opened
 from plancache._parse import parse_bool, parse_timeout
+from plancache._redaction import printable
 from plancache._store import PlanStore
 from plancache.errors import ArtifactError, ConfigError, PlanStoreError, PlanStoreReadOnlyError
 
@@ -186,7 +188,8 @@ class Engine(Trust):
     the one trust rule (``Trust``: ``refusal``, ``may_download``): ``store`` is the object
     layer of the stack ``Settings.open_store`` builds (``opened``: the store
     ``PLANCACHE_URL`` names, behind the conformance guard and read-only mode), ``local`` its
-    local tier's layer. Each kind is a subclass that adds its operations."""
+    local tier's layer. A kind's operations are an object built on an engine (composition:
+    ``plancache._artifacts.kind``), never a subclass of it."""
 
     def __init__(
         self, settings: Settings, compile: CompileSettings, store: PlanStore | None = None
@@ -236,7 +239,11 @@ class Engine(Trust):
             except Exception as exc:  # the node builds what it needs as usual
                 out.failed("store-error", source.label)
                 log.warning(
-                    "plancache: %s from %s: %s: %s", what, source.label, type(exc).__name__, exc
+                    "plancache: %s from %s: %s: %s",
+                    what,
+                    source.label,
+                    type(exc).__name__,
+                    printable(str(exc)),
                 )
                 continue
             for name in listed:
@@ -286,11 +293,15 @@ class Engine(Trust):
                     name,
                     source.label,
                     type(exc).__name__,
-                    exc,
+                    printable(str(exc)),
                 )
             else:
                 log.warning(
-                    "plancache: %s %s from %s not installed: %s", what, name, source.label, exc
+                    "plancache: %s %s from %s not installed: %s",
+                    what,
+                    name,
+                    source.label,
+                    printable(str(exc)),
                 )
             return reason, None
         return ("hit" if got is not None else "present"), got

@@ -21,6 +21,7 @@ caps, and the digests' form. Two kinds of manifest:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import time
 from collections.abc import Mapping
@@ -29,9 +30,10 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from plancache._neighbours import MAX_DEPTH
 from plancache._plan import Signature
-from plancache._signing import Keyring, SignatureVerdict
-from plancache.errors import InvalidPlanError, UnreadableHereError
+from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
+from plancache.errors import ArtifactError, InvalidPlanError, UnreadableHereError
 
 FORMAT = 1
 MANIFEST_NAME = ".plancache/manifest.json"
@@ -126,12 +128,27 @@ def read_bounded(stream: Readable, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class Unvouched(ArtifactError):
+    """An envelope no accepted key signed, refused on its bytes before any structure was
+    built from it (where the keys require signatures)."""
+
+
 def decode_versioned(
-    data: bytes, what: str, limit: int, version: int, *, error: type[Exception]
+    data: bytes,
+    what: str,
+    limit: int,
+    version: int,
+    *,
+    error: type[Exception],
+    keyring: Keyring = NO_KEYS,
 ) -> dict[str, Any]:
     """The JSON object ``data`` of format ``version``, ``what`` in messages: ``error`` for
     anything else (over ``limit`` bytes, not JSON, not an object, another format), but
-    ``UnreadableHereError`` for a newer format (another plancache's: kept, not corrupt)."""
+    ``UnreadableHereError`` for a newer format (another plancache's: kept, not corrupt).
+    Where ``keyring`` requires signatures, ``Unvouched`` unless an accepted key signed the
+    canonical encoding of the object without its ``signature`` (what ``Envelope.payload``
+    is for every genuine envelope): judged on the bytes, before the caller builds anything
+    from them."""
     if len(data) > limit:
         raise error(f"{what} over {limit} bytes")
     try:
@@ -140,6 +157,12 @@ def decode_versioned(
         raise error(f"{what} is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise error(f"{what} is not a JSON object")
+    if keyring.requires_signature:
+        body = {k: v for k, v in obj.items() if k != "signature"}
+        payload = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        verdict = keyring.verdict_payload(payload, parse_signature(obj, what, error))
+        if verdict is not SignatureVerdict.VALID:
+            raise Unvouched(f"{what} refused: invalid:signature ({verdict})")
     form = obj.get("format")
     if isinstance(form, int) and not isinstance(form, bool) and form > version:
         raise UnreadableHereError(
@@ -206,12 +229,24 @@ def check_path(path: object, rank: str) -> str:
             f"artifact path {path!r:.60} is not a string of <= {MAX_PATH_CHARS} chars"
         )
     parts = path.split("/")
+    if len(parts) > MAX_DEPTH + 1:
+        raise InvalidPlanError(f"artifact path {path!r:.60} is over {MAX_DEPTH} directories deep")
     if rank and (len(parts) < 2 or parts[0] not in (INDUCTOR_DIR, rank)):
         raise InvalidPlanError(f"artifact path {path!r:.60} is outside {INDUCTOR_DIR}/ and {rank}/")
     for part in parts:
         if not _COMPONENT.fullmatch(part) or part in (".", ".."):
             raise InvalidPlanError(f"artifact path {path!r:.60} has an unsafe component")
     return path
+
+
+def _file_and_directory(paths: list[str]) -> bool:
+    """True if a path of ``paths`` is a directory of another: in component order, a path's
+    descendants follow it directly (linear in the paths' total length, after the sort)."""
+    ordered = sorted(p.split("/") for p in paths)
+    return any(
+        len(after) > len(before) and after[: len(before)] == before
+        for before, after in itertools.pairwise(ordered)
+    )
 
 
 @dataclass(frozen=True)
@@ -290,10 +325,21 @@ class Manifest(Envelope):
         return hashlib.sha256(self.payload()).hexdigest()
 
     @classmethod
-    def decode(cls, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
-        """Parse and check a manifest (see the module docstring); ``InvalidPlanError``."""
+    def decode(
+        cls, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, keyring: Keyring = NO_KEYS
+    ) -> Manifest:
+        """Parse and check a manifest (see the module docstring); ``InvalidPlanError``.
+        Work and memory grow with ``len(data)`` only: where ``keyring`` requires signatures
+        an unsigned one is refused (``Unvouched``) before any entry is built; each path is
+        checked (length, depth, characters) as its entry is built; no directory is listed
+        for a path (a path that is also a directory is found among the sorted paths)."""
         obj = decode_versioned(
-            data, "artifact manifest", MAX_MANIFEST_BYTES, FORMAT, error=InvalidPlanError
+            data,
+            "artifact manifest",
+            MAX_MANIFEST_BYTES,
+            FORMAT,
+            error=InvalidPlanError,
+            keyring=keyring,
         )
         kind = obj.get("kind", COMPILE)
         if kind != COMPILE and not is_cache_kind(kind):
@@ -309,8 +355,7 @@ class Manifest(Envelope):
         paths = [e.path for e in entries]
         if len(set(paths)) != len(paths):
             raise InvalidPlanError("an artifact lists a path twice")
-        prefixes = {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1)}
-        if prefixes & set(paths):
+        if _file_and_directory(paths):
             raise InvalidPlanError("an artifact lists a path that is also a directory")
         if kind == COMPILE and f"{rank}/model" not in paths:
             raise InvalidPlanError(f"an artifact holds {rank}/model")

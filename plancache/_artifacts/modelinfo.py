@@ -26,6 +26,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 
 from plancache._artifacts.engine import Engine, Fetched, Source, count
+from plancache._artifacts.kind import Reader, Table, envelope_kind, signed_text
 from plancache._artifacts.manifest import (
     Envelope,
     Readable,
@@ -41,12 +43,13 @@ from plancache._artifacts.manifest import (
     read_bounded,
 )
 from plancache._artifacts.trust import Refused
+from plancache._command.display import age, when
 from plancache._directory import Directory
 from plancache._neighbours import read_file as read_neighbour
 from plancache._neighbours import uploadable
 from plancache._objects import Opened
 from plancache._plan import Signature
-from plancache._signing import Keyring
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError
 
 log = logging.getLogger("plancache")
@@ -102,10 +105,13 @@ class ModelInfo(Envelope):
         }
 
     @classmethod
-    def decode(cls, data: bytes) -> ModelInfo:
+    def decode(cls, data: bytes, keyring: Keyring = NO_KEYS) -> ModelInfo:
         """Parse and check an envelope; ``ArtifactError`` (``UnreadableHereError`` for a
-        newer format)."""
-        obj = decode_versioned(data, "model info", MAX_BYTES, FORMAT, error=ArtifactError)
+        newer format; where ``keyring`` requires signatures, ``Unvouched`` for one no
+        accepted key signed, judged on its bytes first)."""
+        obj = decode_versioned(
+            data, "model info", MAX_BYTES, FORMAT, error=ArtifactError, keyring=keyring
+        )
         file, created = obj.get("file"), obj.get("created_at")
         texts = [obj.get(k) for k in ("vllm", "module", "class")]
         if not all(isinstance(t, str) and t for t in texts):
@@ -123,10 +129,10 @@ class ModelInfo(Envelope):
         return cls(vllm, module, klass, file, float(created), signature)
 
 
-def read(stream: Readable) -> ModelInfo:
+def read(stream: Readable, keyring: Keyring = NO_KEYS) -> ModelInfo:
     """The envelope ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
-    ``ArtifactError`` for anything else."""
-    return ModelInfo.decode(read_bounded(stream, MAX_BYTES))
+    ``ArtifactError`` for anything else (see ``ModelInfo.decode``)."""
+    return ModelInfo.decode(read_bounded(stream, MAX_BYTES), keyring)
 
 
 def read_file(path: Path) -> dict[str, Any] | None:
@@ -164,8 +170,11 @@ def made(vllm: str, module: str, cls: str, file: dict[str, Any], keyring: Keyrin
     return ModelInfo(vllm, module, cls, file, time.time()).signed_with(keyring)
 
 
-class ModelInfoKind(Engine):
-    """The kind on the engine's stores (see the module docstring)."""
+class ModelInfoKind:
+    """The kind's operations on ``engine``'s stores (see the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def fetch_model_info(self, name: str, module_hash: str, path: Path) -> Fetched:
         """Install the model-info file ``name`` (of a module whose source has
@@ -174,15 +183,15 @@ class ModelInfoKind(Engine):
         start = time.monotonic()
 
         def install_from(source: Source, name: str, opened: Opened) -> ModelInfo | None:
-            info = read(opened)
+            info = read(opened, self.engine.keyring)
             if info.name != name or info.module_hash != module_hash:
                 raise ArtifactError("model info of another module, class or source")
-            why = self.refusal(info.verdict, source.local, opened.foreign)
+            why = self.engine.refusal(info.verdict, source.local, opened.foreign)
             if why is not None:
                 raise Refused(why.refusal, why.detail, "model info")
             return info if install(info, path) else None
 
-        got = self.read("model info", lambda layer: [name], install_from)
+        got = self.engine.read("model info", lambda layer: [name], install_from)
         result = Fetched(got.reason, source=got.source, seconds=time.monotonic() - start)
         count("model_info", result.reason, result.seconds)
         return result
@@ -190,4 +199,48 @@ class ModelInfoKind(Engine):
     def upload_model_info(self, info: ModelInfo) -> dict[str, bool]:
         """Store ``info`` create-if-absent on the store (unless it refuses writes: logged),
         then on the local tier; {destination: created}. Never raises."""
-        return self.write_small("model_info", "model info", info.name, info.encode())
+        return self.engine.write_small("model_info", "model info", info.name, info.encode())
+
+
+def _show(info: ModelInfo, where: str, keyring: Keyring) -> list[str]:
+    return [
+        "kind         model info (vLLM's modelinfos/ file)",
+        f"class        {info.module}.{info.cls}",
+        f"vllm         {info.vllm}",
+        f"source hash  {info.module_hash}",
+        f"object       {where}",
+        f"created      {when(info.created_at, time.time())}",
+        f"signed       {signed_text(info, keyring)}",
+        *(f"modelinfo    {k}={v}" for k, v in sorted(info.file.get("modelinfo", {}).items())),
+    ]
+
+
+def _stats(names: Sequence[str], read: Reader, keyring: Keyring) -> dict[str, Any]:
+    return {"model_infos": len(names)}  # counted, not read
+
+
+MODEL_INFO = envelope_kind(
+    "model-info",
+    "model info",
+    NAME_PREFIX,
+    read,
+    "its envelope names another module, class or source",
+    named=is_model_info_object_name,
+    stats=_stats,
+    table=Table(
+        ("KIND", "MODEL CLASS", "VLLM", "AGE", "SIGNED"),
+        lambda info, now, keyring: [
+            *("model-info", f"{info.module}.{info.cls}", info.vllm),
+            *(age(now - info.created_at), signed_text(info, keyring)),
+        ],
+        frozenset({3}),
+    ),
+    fields=lambda i: {
+        "module": i.module,
+        "class": i.cls,
+        "vllm": i.vllm,
+        "source_hash": i.module_hash,
+    },
+    show=_show,
+)
+"""The kind as the inventory and the commands see it (``plancache._artifacts.kind``)."""

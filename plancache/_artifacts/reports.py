@@ -14,9 +14,12 @@ it decides nothing on any node: only ``stats`` reads it.
   every count in 0..2**31; checked on every decode (``Report.decode``);
 - policy: written once per boot, create-if-absent, to every destination (the store unless
   it refuses writes, then the local tier: ``Engine.write_small``), signed where this node
-  can sign; read by ``stats`` only: the newest ``MAX_READ`` by name, those the keys accept
-  (with a keyring that requires signatures, only validly signed ones) summed per kind
-  (``summarize``); deleted by ``prune`` past its age, like every kind.
+  can sign; read by ``stats`` only (``BOOT_REPORTS.stats``: ``read_newest``), each through
+  the bounded reader (``reader``): newest first by name, those dated past the clock-skew
+  bound left out, until ``MAX_READ`` were accepted (with a keyring that requires
+  signatures, only validly signed ones, refused on their bytes), unreadable ones skipped
+  and counted; summed per kind (``summarize``); deleted by ``prune`` past its age, like
+  every kind.
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from plancache._artifacts import reader
 from plancache._artifacts.engine import Engine
+from plancache._artifacts.kind import Reader, envelope_kind
 from plancache._artifacts.manifest import (
     Envelope,
     Readable,
@@ -39,8 +44,10 @@ from plancache._artifacts.manifest import (
     parse_signature,
     read_bounded,
 )
+from plancache._artifacts.trust import signature_refusal
+from plancache._command.display import plural
 from plancache._plan import Signature
-from plancache._signing import Keyring
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError
 
 FORMAT = 1
@@ -61,6 +68,11 @@ _OBJECT = re.compile(rf"{NAME_PREFIX}[0-9]{{10}}_[0-9a-f]{{16}}\.json")
 def is_report_object_name(name: str) -> bool:
     """True if ``name`` is a boot report's object name."""
     return bool(_OBJECT.fullmatch(name))
+
+
+def dated(name: str) -> float:
+    """The creation time a report's object name carries (epoch seconds)."""
+    return float(name[len(NAME_PREFIX) : len(NAME_PREFIX) + 10])
 
 
 def _mapping(value: object, what: str) -> dict[str, Any]:
@@ -128,10 +140,13 @@ class Report(Envelope):
         }
 
     @classmethod
-    def decode(cls, data: bytes) -> Report:
+    def decode(cls, data: bytes, keyring: Keyring = NO_KEYS) -> Report:
         """Parse and check a report; ``ArtifactError`` (``UnreadableHereError`` for a newer
-        format)."""
-        obj = decode_versioned(data, "boot report", MAX_BYTES, FORMAT, error=ArtifactError)
+        format; where ``keyring`` requires signatures, ``Unvouched`` for one no accepted key
+        signed, judged on its bytes first)."""
+        obj = decode_versioned(
+            data, "boot report", MAX_BYTES, FORMAT, error=ArtifactError, keyring=keyring
+        )
         created = obj.get("created_at")
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise ArtifactError("a boot report's created_at is a number")
@@ -142,10 +157,33 @@ class Report(Envelope):
         return cls(float(created), producer, decisions, rebuilt, boot, signature)  # type: ignore[arg-type]
 
 
-def read(stream: Readable) -> Report:
+def read(stream: Readable, keyring: Keyring = NO_KEYS) -> Report:
     """The report ``stream`` holds (at most ``MAX_BYTES`` + 1 bytes read), decoded:
-    ``ArtifactError`` for anything else."""
-    return Report.decode(read_bounded(stream, MAX_BYTES))
+    ``ArtifactError`` for anything else (see ``Report.decode``)."""
+    return Report.decode(read_bounded(stream, MAX_BYTES), keyring)
+
+
+def read_newest(names: Sequence[str], heads: Reader, keyring: Keyring) -> dict[str, Any]:
+    """What ``stats`` shows of the reports ``names`` (in name order) that ``heads`` reads:
+    ``stored`` (listed), ``future`` (dated past the clock-skew bound: left out),
+    ``unreadable`` (not handed over, or unreadable here: skipped), ``read`` (accepted:
+    valid, named as stored, and where ``keyring`` requires signatures validly signed,
+    refused on their bytes; the newest ``MAX_READ`` of them, read newest first in batches,
+    ``reader.accepted``) and their sums per kind (``summarize``)."""
+    ordered, future = reader.newest(names, dated)
+
+    def accepted(name: str) -> Report | None:
+        report = heads.one(name, lambda stream, max_bytes: read(stream, keyring))
+        return None if report is None or signature_refusal(keyring, report.verdict) else report
+
+    got = reader.accepted(ordered, MAX_READ, accepted, heads.many)
+    return {
+        "stored": len(names),
+        "read": len(got),
+        "future": future,
+        "unreadable": len(heads.unreadable),
+        "kinds": summarize(got),
+    }
 
 
 def made(
@@ -187,10 +225,54 @@ def summarize(reports: Iterable[Report]) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items()))
 
 
-class ReportKind(Engine):
-    """The kind on the engine's stores (see the module docstring)."""
+class ReportKind:
+    """The kind's operations on ``engine``'s stores (see the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def upload_report(self, report: Report) -> dict[str, bool]:
         """Store ``report`` create-if-absent on every destination; {destination: created}.
         Never raises."""
-        return self.write_small("boot_report", "boot report", report.name, report.encode())
+        return self.engine.write_small("boot_report", "boot report", report.name, report.encode())
+
+
+def _stats(names: Sequence[str], heads: Reader, keyring: Keyring) -> dict[str, Any]:
+    return {"boot_reports": read_newest(names, heads, keyring)}
+
+
+def _stats_text(stats: dict[str, Any]) -> list[str]:
+    booted = stats["boot_reports"]
+    lines = []
+    if booted["stored"]:
+        skipped = [
+            f"{booted['unreadable']} unreadable, skipped" if booted["unreadable"] else "",
+            f"{booted['future']} dated ahead of this clock, left out" if booted["future"] else "",
+        ]
+        extra = "".join(f"; {s}" for s in skipped if s)
+        lines.append(
+            f"boots    {booted['read']} reported (the newest of {booted['stored']} stored{extra})"
+        )
+    width = max(map(len, booted["kinds"]), default=0)
+    for kind, row in booted["kinds"].items():
+        results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))
+        rebuilt = f"rebuilt {row[REBUILT]} on {plural(row['boots_rebuilt'], 'boot')}"
+        lines.append(
+            f"  {kind.ljust(width)}  {plural(row['boots'], 'boot')}: {results or '-'}; {rebuilt}"
+        )
+    return lines
+
+
+BOOT_REPORTS = envelope_kind(
+    "boot-report",
+    "boot report",
+    NAME_PREFIX,
+    read,
+    "its envelope is not the report its name says",
+    named=is_report_object_name,
+    stats=_stats,
+    stats_text=_stats_text,
+    copied=False,  # a store's reports are those of the boots that wrote to it
+)
+"""The kind as the inventory and the commands see it (``plancache._artifacts.kind``): read
+by ``stats`` only, neither listed nor copied."""

@@ -1,261 +1,107 @@
 """What the ``plancache`` subcommands do with the kinds loaded as code or trusted as fact
 (compile artifacts, cache bundles, model info and boot reports, ``plancache._artifacts``),
 beside the plans of the same store: each ``cmd_*`` of ``reading`` and ``maintenance`` calls
-the function of the same name here, which goes over every such kind
-(``plancache._inventory.artifacts.KINDS``). An artifact is named ``KEY/rank_R_D`` (``KEY``: a
-unique prefix of vLLM's key) or by its object name, a cache bundle and a model info by their
-object names."""
+the function of the same name here, which goes over every registered kind
+(``plancache._artifacts.registry.KINDS``) and asks the kind's value what to show and do
+(``plancache._artifacts.kind.Kind``): no kind is named here. An object is named by its
+object name, or by its kind's short reference (an artifact's ``KEY/rank_R_D``, ``KEY``: a
+unique prefix of vLLM's key)."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plancache._artifacts import claims, modelinfo, reports
+from plancache._artifacts import claims
 from plancache._artifacts.archive import remove_partial_installs
-from plancache._artifacts.manifest import parse_artifact_object_name, parse_cache_name
-from plancache._artifacts.trust import signature_refusal
-from plancache._command.display import age, echo, plural, print_table, size, when
+from plancache._artifacts.kind import Kind
+from plancache._artifacts.registry import KINDS
+from plancache._command.display import age, echo, plural, print_table, when
 from plancache._inventory import artifacts as inventory
-from plancache._inventory import parallel
 from plancache._inventory.artifacts import ArtifactRecord
 from plancache._objects import ObjectLayer
-from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
+from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError
 
-KIND = "compile"
-"""The KIND column of an artifact (plans are listed in their own table)."""
+
+def _listed() -> list[Kind]:
+    """The kinds ``ls`` lists, ``show`` shows and ``rm`` removes by name."""
+    return [kind for kind in KINDS if kind.table is not None]
 
 
-_REF = re.compile(r"[0-9a-fA-F]{1,64}/rank_[0-9]{1,6}_[0-9]{1,6}")
+def _kind_of(text: str) -> Kind | None:
+    """The listed kind ``text`` names: by an object name, else by a short reference."""
+    ref = text.strip()
+    kinds = _listed()
+    named = [k for k in kinds if k.named(ref)]
+    short = [k for k in kinds if k.short is not None and k.short.pattern.fullmatch(ref)]
+    return next(iter(named or short), None)
 
 
 def is_ref(text: str) -> bool:
-    """True if ``text`` names an artifact (``KEY/rank_R_D`` or an object name) or a model
-    info (its object name), not a plan."""
-    return (
-        bool(_REF.fullmatch(text.strip()))
-        or parse_artifact_object_name(text) is not None
-        or _by_name(text)
-    )
+    """True if ``text`` names an object of a listed kind (its name or short reference),
+    not a plan."""
+    return _kind_of(text) is not None
 
 
-def _by_name(text: str) -> bool:
-    """True for the object name of a cache bundle or a model info (named only so)."""
-    return parse_cache_name(text.strip()) is not None or modelinfo.is_model_info_object_name(
-        text.strip()
-    )
-
-
-def _ref(e: ArtifactRecord) -> str:
-    m = e.manifest
-    return e.name if m is None else f"{m.key[:12]}/{m.rank}"
-
-
-def _signed(e: ArtifactRecord, keyring: Keyring) -> str:
-    assert e.manifest is not None
-    sig = e.manifest.signature
-    text = "-" if sig is None else sig.keyid
-    if keyring.requires_signature and e.manifest.verdict(keyring) is not SignatureVerdict.VALID:
-        text += f" ({e.manifest.verdict(keyring)})"
-    return text
-
-
-def _record_dict(kind: str, e: ArtifactRecord, fields: dict[str, Any]) -> dict[str, Any]:
-    """A record as JSON: its kind and name, then ``fields``, its time and signature (or why
-    it could not be read)."""
-    out: dict[str, Any] = {"kind": kind, "name": e.name}
+def record_dict(kind: Kind, e: ArtifactRecord) -> dict[str, Any]:
+    """A record as JSON: its kind and name, then the kind's fields, its time and signature
+    (or why it could not be read)."""
+    out: dict[str, Any] = {"kind": kind.name, "name": e.name}
     if e.manifest is None:
         return {**out, "error": e.error}
     sig = e.manifest.signature
     signature = None if sig is None else sig.to_dict()
+    fields = kind.fields(e.manifest)
     return {**out, **fields, "created_at": e.manifest.created_at, "signature": signature}
 
 
-def entry_dict(e: ArtifactRecord) -> dict[str, Any]:
-    m = e.manifest
-    fields = (
-        {}
-        if m is None
-        else {
-            "key": m.key,
-            "rank": m.rank,
-            "bytes": m.total_size,
-            "files": len(m.files),
-            "labels": dict(m.labels),
-            "producer": dict(m.producer),
-        }
-    )
-    return _record_dict(KIND, e, fields)
+def dicts(layer: ObjectLayer, max_bytes: int) -> list[dict[str, Any]]:
+    """``ls --json``'s records of every listed kind, kind by kind, in name order."""
+    return [record_dict(k, e) for k in _listed() for e in inventory.scan(layer, max_bytes, k)]
 
 
-def bundle_dict(e: ArtifactRecord) -> dict[str, Any]:
-    m = e.manifest
-    fields = (
-        {}
-        if m is None
-        else {
-            "cache": m.kind,
-            "scope": m.key,
-            "bytes": m.total_size,
-            "files": len(m.files),
-            "producer": dict(m.producer),
-        }
-    )
-    return _record_dict("cache", e, fields)
-
-
-def info_dict(e: ArtifactRecord) -> dict[str, Any]:
-    i = e.manifest
-    fields = (
-        {}
-        if i is None
-        else {"module": i.module, "class": i.cls, "vllm": i.vllm, "source_hash": i.module_hash}
-    )
-    return _record_dict("model-info", e, fields)
-
-
-def ls(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRecord]:
-    """Print one row per artifact (unreadable ones after, with the reason); the entries."""
-    entries = list(inventory.scan(layer, max_bytes))
-    valid = [e for e in entries if e.manifest is not None]
+def ls(
+    layer: ObjectLayer, keyring: Keyring, max_bytes: int
+) -> list[tuple[Kind, list[ArtifactRecord]]]:
+    """Print one table per listed kind (a row per readable object; unreadable ones after,
+    with the reason); each kind with its entries."""
+    out = []
     now = time.time()
-    signed = keyring.requires_signature or any(
-        e.manifest.signature is not None for e in valid if e.manifest is not None
-    )
-    rows = [
-        [
-            KIND,
-            _ref(e),
-            e.model,
-            size(e.manifest.total_size),
-            str(len(e.manifest.files)),
-            age(now - e.manifest.created_at),
-            str(e.manifest.producer.get("host", "-")),
-            *([_signed(e, keyring)] if signed else []),
-        ]
-        for e in valid
-        if e.manifest is not None
-    ]
-    if rows:
-        echo()
-        headers = ["KIND", "ARTIFACT", "MODEL", "SIZE", "FILES", "AGE", "HOST"]
-        print_table([*headers, *(["SIGNED"] if signed else [])], rows, right={3, 4, 5})
-    for e in entries:
-        if e.manifest is None:
-            where = "unreadable here" if e.unreadable else "unreadable"
-            echo(f"  {where} compile artifact {e.name}: {e.error}")
-    return entries
-
-
-def ls_bundles(layer: ObjectLayer, keyring: Keyring, max_bytes: int) -> list[ArtifactRecord]:
-    """Print one row per cache bundle (unreadable ones after, with the reason); the entries."""
-    entries = list(inventory.scan(layer, max_bytes, inventory.CACHES))
-    now = time.time()
-    rows = [
-        [
-            e.manifest.kind,
-            e.manifest.key[:12],
-            size(e.manifest.total_size),
-            str(len(e.manifest.files)),
-            age(now - e.manifest.created_at),
-            str(e.manifest.producer.get("host", "-")),
-            _signed(e, keyring),
-        ]
-        for e in entries
-        if e.manifest is not None
-    ]
-    if rows:
-        echo()
-        headers = ["CACHE", "SCOPE", "SIZE", "FILES", "AGE", "HOST", "SIGNED"]
-        print_table(headers, rows, right={2, 3, 4})
-    for e in entries:
-        if e.manifest is None:
-            where = "unreadable here" if e.unreadable else "unreadable"
-            echo(f"  {where} cache bundle {e.name}: {e.error}")
-    return entries
-
-
-def ls_model_info(layer: ObjectLayer, keyring: Keyring) -> list[ArtifactRecord]:
-    """Print one row per model info (unreadable ones after, with the reason); the entries."""
-    entries = list(inventory.scan(layer, kind=inventory.MODEL_INFO))
-    now = time.time()
-    rows = [
-        [
-            "model-info",
-            f"{e.manifest.module}.{e.manifest.cls}",
-            e.manifest.vllm,
-            age(now - e.manifest.created_at),
-            _signed(e, keyring),
-        ]
-        for e in entries
-        if e.manifest is not None
-    ]
-    if rows:
-        echo()
-        print_table(["KIND", "MODEL CLASS", "VLLM", "AGE", "SIGNED"], rows, right={3})
-    for e in entries:
-        if e.manifest is None:
-            where = "unreadable here" if e.unreadable else "unreadable"
-            echo(f"  {where} model info {e.name}: {e.error}")
-    return entries
+    for kind in _listed():
+        table = kind.table
+        assert table is not None
+        entries = list(inventory.scan(layer, max_bytes, kind))
+        heads = [e.manifest for e in entries if e.manifest is not None]
+        rows = [table.row(head, now, keyring) for head in heads]
+        headers = list(table.headers)
+        signed = keyring.requires_signature or any(h.signature is not None for h in heads)
+        if table.signed_where_any and not signed:
+            headers, rows = headers[:-1], [row[:-1] for row in rows]
+        if rows:
+            echo()
+            print_table(headers, rows, right=table.right)
+        for e in entries:
+            if e.manifest is None:
+                where = "unreadable here" if e.unreadable else "unreadable"
+                echo(f"  {where} {kind.label} {e.name}: {e.error}")
+        out.append((kind, entries))
+    return out
 
 
 def show(layer: ObjectLayer, ref: str, keyring: Keyring, max_bytes: int) -> int:
-    if modelinfo.is_model_info_object_name(ref.strip()):
-        return _show_model_info(layer, ref.strip(), keyring)
-    bundle = parse_cache_name(ref.strip()) is not None
-    [name] = [ref.strip()] if bundle else inventory.resolve(layer, [ref])
-    kind = inventory.CACHES if bundle else inventory.ARTIFACTS
+    """Print the object ``ref`` names (``is_ref``); 1 where it is gone or unreadable."""
+    kind = _kind_of(ref)
+    assert kind is not None and kind.show is not None
+    [name] = [ref.strip()] if kind.short is None else inventory.resolve(layer, [ref], kind)
     e = inventory.read_entry(layer, name, max_bytes, kind)
     if e is None or e.manifest is None:
         echo(f"{kind.label} {name}: {'gone' if e is None else e.error}")
         return 1
-    m = e.manifest
-    if bundle:
-        echo(f"kind         {m.kind} cache bundle (files of a generated cache)")
-        echo(f"scope        {m.key}")
-    else:
-        echo(f"kind         {KIND} artifact (vLLM AOT)")
-        echo(f"key          {m.key}")
-        echo(f"rank         {m.rank}")
-    echo(f"object       {name} in {layer.url}")
-    echo(f"created      {when(m.created_at, time.time())}")
-    echo(f"size         {size(m.total_size)} in {plural(len(m.files), 'file')}")
-    echo(f"digest       {m.digest}")
-    if m.signature is not None or keyring.requires_signature:
-        echo(f"signed       {_signed(e, keyring) if m.signature else 'no'}")
-    for label, values in (("labels", m.labels), ("producer", m.producer)):
-        for k in sorted(values):
-            v = values[k]  # the key's factors: hundreds of entries, listed by `ls --json`
-            shown = f"({len(v)} entries: `ls --json` lists them)" if isinstance(v, dict) else v
-            echo(f"{label:12s} {k}={shown}")
-    print_table(
-        ["  PATH", "SIZE", "MODE", "SHA256"],
-        [[f"  {f.path}", str(f.size), oct(f.mode), f.sha256[:16]] for f in m.files],
-        right={1},
-    )
-    return 0
-
-
-def _show_model_info(layer: ObjectLayer, name: str, keyring: Keyring) -> int:
-    e = inventory.read_entry(layer, name, kind=inventory.MODEL_INFO)
-    if e is None or e.manifest is None:
-        echo(f"model info {name}: {'gone' if e is None else e.error}")
-        return 1
-    info = e.manifest
-    echo("kind         model info (vLLM's modelinfos/ file)")
-    echo(f"class        {info.module}.{info.cls}")
-    echo(f"vllm         {info.vllm}")
-    echo(f"source hash  {info.module_hash}")
-    echo(f"object       {name} in {layer.url}")
-    echo(f"created      {when(info.created_at, time.time())}")
-    echo(f"signed       {_signed(e, keyring)}")
-    for key, value in sorted(info.file.get("modelinfo", {}).items()):
-        echo(f"modelinfo    {key}={value}")
+    for line in kind.show(e.manifest, f"{name} in {layer.url}", keyring):
+        echo(line)
     return 0
 
 
@@ -267,7 +113,7 @@ def verify(
     unsigned), only as the version judged; what is unreadable here is kept. (findings,
     findings a refusing store kept)."""
     bad = refused = 0
-    for kind in inventory.KINDS:
+    for kind in KINDS:
         found, kept = _verify(layer, kind, keyring, max_bytes, fix, require_signature)
         bad, refused = bad + found, refused + kept
     return bad, refused
@@ -275,7 +121,7 @@ def verify(
 
 def _verify(
     layer: ObjectLayer,
-    kind: inventory.CodeKind,
+    kind: Kind,
     keyring: Keyring,
     max_bytes: int,
     fix: bool,
@@ -302,15 +148,21 @@ def _verify(
             note = "  (kept)"
         echo(f"{name}  {problem.text}{note}")
     if names:
-        every = ", every byte" if kind is inventory.ARTIFACTS else ""
-        echo(f"{plural(len(names), kind.label)} checked{every}: {bad} failed")
+        echo(f"{plural(len(names), kind.label)} checked{kind.verified}: {bad} failed")
     return bad, refused
 
 
 def rm(layer: ObjectLayer, refs: list[str]) -> None:
-    infos = [r.strip() for r in refs if _by_name(r)]
-    others = [r for r in refs if not _by_name(r)]
-    for name in [*inventory.resolve(layer, others), *dict.fromkeys(infos)]:
+    """Delete the objects ``refs`` name (``is_ref``); those of a kind with short references
+    are resolved first, every one of them."""
+    names: list[str] = []
+    for kind in _listed():
+        mine = [r for r in refs if _kind_of(r) is kind]
+        if kind.short is not None:
+            names += inventory.resolve(layer, mine, kind)
+        else:
+            names += dict.fromkeys(r.strip() for r in mine)
+    for name in names:
         echo(f"deleted {name}" if layer.delete_object(name) else f"already gone {name}")
 
 
@@ -334,7 +186,7 @@ def prune(
             stale = sum(remove_partial_installs(d, older_than, dry_run=dry_run) for d in dirs)
             if stale:
                 echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {where}")
-    for kind in inventory.KINDS:
+    for kind in KINDS:
         result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes, kind=kind)
         for name in result.deleted:
             echo(f"{verb} {name}")
@@ -377,9 +229,9 @@ def cp(
 ) -> None:
     """Copy every object of every code kind, create-if-absent (as stored), signed ones only
     unless ``trust_unsigned``; says what it skipped; silent if there are none."""
-    for kind in inventory.KINDS:
-        if kind is inventory.REPORTS:
-            continue  # a store's reports are those of the boots that wrote to it
+    for kind in KINDS:
+        if not kind.copied:
+            continue
         created = kept = 0
         skipped: list[tuple[str, str]] = []
         for name in inventory.names(src, kind):
@@ -403,35 +255,16 @@ def cp(
             echo(f"copied {kind.label}s: {counts}")
 
 
-def reports_read(layer: ObjectLayer, keyring: Keyring) -> dict[str, Any]:
-    """The boot reports: how many are stored, how many of the newest ``MAX_READ`` were read
-    (valid and, where the keys require signatures, validly signed), and their sums per kind
-    (``reports.summarize``)."""
-    names = inventory.names(layer, inventory.REPORTS)
-    newest = names[-reports.MAX_READ :]
-
-    def accepted(name: str) -> reports.Report | None:
-        e = inventory.read_entry(layer, name, kind=inventory.REPORTS)
-        head = None if e is None else e.manifest
-        if not isinstance(head, reports.Report) or signature_refusal(keyring, head.verdict):
-            return None
-        return head
-
-    read = [r for r in parallel(accepted, newest) if r is not None]
-    return {"stored": len(names), "read": len(read), "kinds": reports.summarize(read)}
-
-
 def stats(layer: ObjectLayer, max_bytes: int, keyring: Keyring = NO_KEYS) -> dict[str, Any]:
-    entries = [e for e in inventory.scan(layer, max_bytes) if e.manifest is not None]
-    stamps = [e.manifest.created_at for e in entries if e.manifest is not None]
-    bundles = [e for e in inventory.scan(layer, max_bytes, inventory.CACHES) if e.manifest]
-    return {
-        "artifacts": len(entries),
-        "artifact_bytes": sum(e.manifest.total_size for e in entries if e.manifest is not None),
-        "artifacts_oldest": min(stamps, default=None),
-        "artifacts_newest": max(stamps, default=None),
-        "cache_bundles": len(bundles),
-        "cache_bundle_bytes": sum(e.manifest.total_size for e in bundles if e.manifest),
-        "model_infos": len(inventory.names(layer, inventory.MODEL_INFO)),
-        "boot_reports": reports_read(layer, keyring),
-    }
+    """``stats --json``'s fields of every registered kind (``Kind.stats``: from the names
+    stored and a reader of their heads, ``inventory.Heads``)."""
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        heads = inventory.Heads(layer, kind, max_bytes)
+        out.update(kind.stats(inventory.names(layer, kind), heads, keyring))
+    return out
+
+
+def stats_text(fields: dict[str, Any]) -> list[str]:
+    """``stats``' lines of every registered kind, from ``stats``' fields."""
+    return [line for kind in KINDS for line in kind.stats_text(fields)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
@@ -65,17 +65,28 @@ def print_json(data: object) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> None:
-    """Aligned columns on stdout, each cell ``printable``; the columns in ``right`` are
-    right-aligned (numbers)."""
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int]
+) -> list[str]:
+    """Aligned columns, each cell ``printable``; the columns in ``right`` are right-aligned
+    (numbers)."""
     lines = [[printable(c) for c in row] for row in [headers, *rows]]
     widths = [max(len(r[i]) for r in lines) for i in range(len(headers))]
-    for row in lines:
-        cells = [
+    return [
+        "  ".join(
             c.rjust(w) if i in right else c.ljust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip())
+        ).rstrip()
+        for row in lines
+    ]
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int]
+) -> None:
+    """``table`` on stdout."""
+    for line in table(headers, rows, right):
+        print(line)
 
 
 class Progress:

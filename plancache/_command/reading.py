@@ -30,7 +30,6 @@ from plancache._command.display import (
     when,
 )
 from plancache._command.stores import max_artifact_bytes, open_named
-from plancache._inventory import artifacts as inventory_artifacts
 from plancache._inventory import plans as inventory
 from plancache._inventory.plans import device
 from plancache._plan import Plan
@@ -72,25 +71,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     valid = sorted(
         ((e.plan, e) for e in entries if e.plan is not None), key=lambda pe: sort_key(pe[0])
     )
-    invalid = [e for e in entries if e.plan is None]
+    invalid = [e for e in entries if e.plan is None and not e.unreadable]
     now = time.time()
     if args.json:
         print_json(
             [inventory.entry_dict(e, now) for e in [e for _, e in valid] + invalid]
-            + [
-                artifact_commands.entry_dict(a)
-                for a in inventory_artifacts.scan(store.layer, max_artifact_bytes())
-            ]
-            + [
-                artifact_commands.bundle_dict(b)
-                for b in inventory_artifacts.scan(
-                    store.layer, max_artifact_bytes(), inventory_artifacts.CACHES
-                )
-            ]
-            + [
-                artifact_commands.info_dict(m)
-                for m in inventory_artifacts.scan(store.layer, kind=inventory_artifacts.MODEL_INFO)
-            ]
+            + artifact_commands.dicts(store.layer, max_artifact_bytes())
         )
         return 0
     keyring = store.keyring
@@ -118,18 +104,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
         echo("invalid records (never applied; `plancache verify --fix` deletes them):")
         for e in invalid:
             echo(f"  {e.fingerprint[:12]}  {e.error}")
-    artifacts = artifact_commands.ls(store.layer, keyring, max_artifact_bytes())
-    bundles = artifact_commands.ls_bundles(store.layer, keyring, max_artifact_bytes())
-    infos = artifact_commands.ls_model_info(store.layer, keyring)
+    for e in entries:
+        if e.unreadable:
+            echo(f"  unreadable plan {e.fingerprint[:12]}: {e.error}")
+    listed = artifact_commands.ls(store.layer, keyring, max_artifact_bytes())
     artifact_commands.ls_claims(store.layer, max_artifact_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
     summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
-    if artifacts:
-        summary += f", {plural(len(artifacts), 'compile artifact')}"
-    if bundles:
-        summary += f", {plural(len(bundles), 'cache bundle')}"
-    if infos:
-        summary += f", {plural(len(infos), 'model info')}"
+    if unreadable := sum(e.unreadable for e in entries):
+        summary += f", {unreadable} unreadable"
+    for kind, found in listed:
+        if found:
+            summary += f", {plural(len(found), kind.label)}"
     if rejected:
         summary += f", {rejected} not validly signed (never applied with these keys)"
     echo(f"{summary}, in {store.url}")
@@ -214,16 +200,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     echo(f"oldest   {'-' if s.oldest is None else when(s.oldest, now)}")
     echo(f"newest   {'-' if s.newest is None else when(s.newest, now)}")
     echo(f"devices  {', '.join(f'{d} ({n})' for d, n in s.devices.items()) or '-'}")
-    if a["artifacts"]:
-        echo(f"compile  {plural(a['artifacts'], 'artifact')}, {size(a['artifact_bytes'])}")
-    if a["cache_bundles"]:
-        echo(f"caches   {plural(a['cache_bundles'], 'bundle')}, {size(a['cache_bundle_bytes'])}")
-    booted = a["boot_reports"]
-    if booted["stored"]:
-        echo(f"boots    {booted['read']} reported (the newest of {booted['stored']} stored)")
-    width = max(map(len, booted["kinds"]), default=0)
-    for kind, row in booted["kinds"].items():
-        results = ", ".join(f"{r} {n}" for r, n in sorted(row["results"].items()))
-        rebuilt = f"rebuilt {row['rebuilt']} on {plural(row['boots_rebuilt'], 'boot')}"
-        echo(f"  {kind.ljust(width)}  {plural(row['boots'], 'boot')}: {results or '-'}; {rebuilt}")
+    for line in artifact_commands.stats_text(a):
+        echo(line)
     return 0

@@ -1,5 +1,7 @@
-"""Listing, verifying, copying and pruning the compile artifacts, cache bundles, model info
-and boot reports of any store, on its object layer (a library for the command line).
+"""Listing, verifying, copying and pruning the objects of every registered kind (compile
+artifacts, cache bundles, model info, boot reports: ``plancache._artifacts.registry``) in
+any store, on its object layer (a library for the command line); each verb takes the kind's
+declared value (``plancache._artifacts.kind.Kind``) and names no kind.
 
 The rules every kind's inventory keeps (``plancache._inventory.plans`` keeps them for plans):
 
@@ -24,133 +26,34 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
-from plancache._artifacts import modelinfo, reports
-from plancache._artifacts.archive import install, install_cache, read_manifest
-from plancache._artifacts.manifest import (
-    CACHE_PREFIX,
-    DEFAULT_MAX_BYTES,
-    NAME_PREFIX,
-    Readable,
-    parse_artifact_object_name,
-    parse_cache_name,
-)
+from plancache._artifacts import reader
+from plancache._artifacts.bundles import CACHE_BUNDLES
+from plancache._artifacts.compiled import COMPILE_ARTIFACTS
+from plancache._artifacts.kind import Decode, Kind
+from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, Readable
+from plancache._artifacts.modelinfo import MODEL_INFO as MODEL_INFO
 from plancache._artifacts.trust import Refused, Signed, copy_refusal, refused, signature_refusal
-from plancache._inventory import UNREADABLE_HERE, prunable
+from plancache._inventory import UNREADABLE_HERE, parallel, prunable
 from plancache._objects import ObjectLayer
 from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import ArtifactError, UnreadableHereError
 
+T = TypeVar("T")
+
 
 class Head(Signed, Protocol):
-    """What a code kind's object says of itself at its head (a manifest, an envelope)."""
+    """What a kind's object says of itself at its head (a manifest, an envelope)."""
 
     @property
     def created_at(self) -> float: ...
 
 
-@dataclass(frozen=True)
-class CodeKind:
-    """A kind loaded as code or trusted as fact, as the inventory sees it: its objects'
-    name prefix, how to read an object's head and whether it belongs to its name, and how to
-    check every byte of it (raising ``ArtifactError``; ``UnreadableHereError`` for what
-    this process cannot read)."""
-
-    label: str
-    prefix: str
-    named: Callable[[str], bool]
-    head: Callable[[Readable, int], Head]
-    owns: Callable[[Head, str], bool]
-    check: Callable[[Readable, str, Callable[[Any], Refused | None], int], None]
-
-
-def _check_artifact(
-    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
-) -> None:
-    parsed = parse_artifact_object_name(name)
-    assert parsed is not None
-    with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
-        install(stream, Path(temp) / parsed[0], *parsed, accept=accept, max_bytes=max_bytes)
-
-
-def _check_bundle(
-    stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
-) -> None:
-    parsed = parse_cache_name(name)
-    assert parsed is not None
-    with tempfile.TemporaryDirectory(prefix="plancache-verify-") as temp:
-        manifest, _ = install_cache(
-            stream, Path(temp), *parsed[:2], accept=accept, max_bytes=max_bytes
-        )
-    if manifest.name != name:
-        raise ArtifactError("its files are not those its name says")
-
-
-def _envelope_kind(
-    label: str,
-    prefix: str,
-    named: Callable[[str], bool],
-    read: Callable[[Readable], Head],
-    misnamed: str,
-) -> CodeKind:
-    """A kind whose object is one envelope (model info, a boot report): its head is the whole
-    object, decoded; its check that, its name (else ``misnamed``) and the keys' verdict."""
-
-    def check(
-        stream: Readable, name: str, accept: Callable[[Any], Refused | None], max_bytes: int
-    ) -> None:
-        head = read(stream)
-        if head.name != name:  # type: ignore[attr-defined]
-            raise ArtifactError(misnamed)
-        why = accept(head)
-        if why is not None:
-            raise Refused(why.refusal, why.detail, label)
-
-    return CodeKind(
-        label,
-        prefix,
-        named,
-        lambda stream, max_bytes: read(stream),
-        lambda head, name: head.name == name,  # type: ignore[attr-defined]
-        check,
-    )
-
-
-ARTIFACTS = CodeKind(
-    "compile artifact",
-    NAME_PREFIX,
-    lambda name: parse_artifact_object_name(name) is not None,
-    lambda stream, max_bytes: read_manifest(stream, max_bytes=max_bytes),
-    lambda head, name: (head.key, head.rank) == parse_artifact_object_name(name),  # type: ignore[attr-defined]
-    _check_artifact,
-)
-CACHES = CodeKind(
-    "cache bundle",
-    CACHE_PREFIX,
-    lambda name: parse_cache_name(name) is not None,
-    lambda stream, max_bytes: read_manifest(stream, max_bytes=max_bytes),
-    lambda head, name: head.name == name,  # type: ignore[attr-defined]
-    _check_bundle,
-)
-MODEL_INFO = _envelope_kind(
-    "model info",
-    modelinfo.NAME_PREFIX,
-    modelinfo.is_model_info_object_name,
-    modelinfo.read,
-    "its envelope names another module, class or source",
-)
-REPORTS = _envelope_kind(
-    "boot report",
-    reports.NAME_PREFIX,
-    reports.is_report_object_name,
-    reports.read,
-    "its envelope is not the report its name says",
-)
-KINDS = (ARTIFACTS, CACHES, MODEL_INFO, REPORTS)
-"""Every code kind the inventory knows, in the order the command shows them."""
+ARTIFACTS, CACHES = COMPILE_ARTIFACTS, CACHE_BUNDLES
+"""Kinds under the names this module gave them before the registry: each verb takes a kind
+(``plancache._artifacts.registry.KINDS``: every kind), compile artifacts by default."""
 
 
 @dataclass(frozen=True)
@@ -170,53 +73,80 @@ class ArtifactRecord:
         return "-" if self.manifest is None else str(self.manifest.labels.get("model", "-"))
 
 
-def names(layer: ObjectLayer, kind: CodeKind = ARTIFACTS) -> list[str]:
+def names(layer: ObjectLayer, kind: Kind = ARTIFACTS) -> list[str]:
     """The object names of ``kind`` in ``layer``, in order (listing bounds: the store's)."""
     return sorted(n for n in layer.list_objects(kind.prefix) if kind.named(n))
 
 
 def read_entry(
-    layer: ObjectLayer, name: str, max_bytes: int = DEFAULT_MAX_BYTES, kind: CodeKind = ARTIFACTS
+    layer: ObjectLayer,
+    name: str,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    kind: Kind = ARTIFACTS,
+    head: Decode | None = None,
 ) -> ArtifactRecord | None:
-    """The entry of ``name`` (its head, read from the object); None if it is gone."""
-    opened = layer.open_object(name)
-    if opened is None:
-        return None
+    """The entry of ``name`` (its head, read from the object through ``reader.opened`` with
+    ``head``, by default the kind's: one the store does not hand over is an entry unreadable
+    here, never an error); None if it is gone."""
+    version = None
     try:
-        head = kind.head(opened, max_bytes)
+        with reader.opened(layer, name) as opened:
+            if opened is None:
+                return None
+            version = opened.version
+            read = kind.head(opened, max_bytes) if head is None else head(opened, max_bytes)
     except UnreadableHereError as exc:
-        return ArtifactRecord(name, error=str(exc), unreadable=True, version=opened.version)
+        return ArtifactRecord(name, error=str(exc), unreadable=True, version=version)
     except ArtifactError as exc:
-        return ArtifactRecord(name, error=str(exc), version=opened.version)
-    finally:
-        opened.close()
-    if not kind.owns(head, name):
-        return ArtifactRecord(name, error="its head names another object", version=opened.version)
-    return ArtifactRecord(name, head, version=opened.version)
+        return ArtifactRecord(name, error=str(exc), version=version)
+    if not kind.owns(read, name):
+        return ArtifactRecord(name, error="its head names another object", version=version)
+    return ArtifactRecord(name, read, version=version)
 
 
-def resolve(layer: ObjectLayer, refs: Sequence[str]) -> list[str]:
-    """The object names that ``refs`` name, each uniquely: ``<key or key prefix>/<rank>``
-    or an object name; ``ValueError`` naming the first that matches none or several."""
-    known = names(layer)
+@dataclass
+class Heads:
+    """The reader of ``kind``'s heads in ``layer`` that its ``stats`` is given
+    (``kind.Reader``): every object through ``read_entry``, so one the store does not hand
+    over, or this process cannot read, is skipped and named in ``unreadable``."""
+
+    layer: ObjectLayer
+    kind: Kind
+    max_bytes: int = DEFAULT_MAX_BYTES
+    unreadable: list[str] = field(default_factory=list)
+
+    def __call__(self, names: Sequence[str]) -> list[Any]:
+        return [h for h in self.many(self.one, names) if h is not None]
+
+    def one(self, name: str, head: Decode | None = None) -> Any:
+        e = read_entry(self.layer, name, self.max_bytes, self.kind, head)
+        if e is not None and e.unreadable:
+            self.unreadable.append(name)  # one append: safe across the reading threads
+        return None if e is None else e.manifest
+
+    def many(self, read: Callable[[str], T], names: Sequence[str]) -> list[T]:
+        return parallel(read, names)
+
+
+def resolve(layer: ObjectLayer, refs: Sequence[str], kind: Kind = ARTIFACTS) -> list[str]:
+    """The object names of ``kind`` that ``refs`` name, each uniquely: its short reference
+    (``<key or key prefix>/<rank>`` for an artifact) or an object name; ``ValueError``
+    naming the first that matches none or several."""
+    known = names(layer, kind)
     found = []
     for ref in refs:
-        prefix, _, rank = ref.strip().lower().partition("/")
-        matches = [
-            n
-            for n in known
-            if n == ref
-            or ((p := parse_artifact_object_name(n)) and p[0].startswith(prefix) and p[1] == rank)
-        ]
-        if len(matches) != 1 or not prefix:
-            what = "no compile artifact" if not matches else f"{len(matches)} compile artifacts"
-            raise ValueError(f"{what} match {ref!r} in {layer.url} (give KEY/rank_R_D)")
+        short = kind.short
+        matches = [n for n in known if n == ref or (short is not None and short.refers(ref, n))]
+        if len(matches) != 1 or not ref.strip().partition("/")[0]:
+            what = f"no {kind.label}" if not matches else f"{len(matches)} {kind.label}s"
+            hint = "" if short is None else f" (give {short.hint})"
+            raise ValueError(f"{what} match {ref!r} in {layer.url}{hint}")
         found.append(matches[0])
     return list(dict.fromkeys(found))
 
 
 def scan(
-    layer: ObjectLayer, max_bytes: int = DEFAULT_MAX_BYTES, kind: CodeKind = ARTIFACTS
+    layer: ObjectLayer, max_bytes: int = DEFAULT_MAX_BYTES, kind: Kind = ARTIFACTS
 ) -> Iterator[ArtifactRecord]:
     """Every object of ``kind`` in ``layer``, in name order."""
     for name in names(layer, kind):
@@ -241,28 +171,28 @@ def verify(
     name: str,
     keyring: Keyring = NO_KEYS,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    kind: CodeKind = ARTIFACTS,
+    kind: Kind = ARTIFACTS,
 ) -> Problem | None:
     """None if every byte of ``name`` is what its head says (for an artifact: every file's
     digest and every extraction rule) and (with keys) an accepted key validly signed it;
     else the problem; a vanished object is no problem."""
     if not kind.named(name):
         return Problem(f"not a {kind.label}'s name", corrupt=False)
-    opened = layer.open_object(name)
-    if opened is None:
-        return None
 
     def signed(head: Head) -> Refused | None:
         return signature_refusal(keyring, head.verdict)
 
+    version = None
     try:
-        kind.check(opened, name, signed, max_bytes)
+        with reader.opened(layer, name) as opened:
+            if opened is None:
+                return None
+            version = opened.version
+            kind.check(opened, name, signed, max_bytes)
     except UnreadableHereError as exc:
-        return Problem(f"{UNREADABLE_HERE} ({exc})", corrupt=False, version=opened.version)
+        return Problem(f"{UNREADABLE_HERE} ({exc})", corrupt=False, version=version)
     except ArtifactError as exc:
-        return Problem(str(exc), corrupt=True, version=opened.version)
-    finally:
-        opened.close()
+        return Problem(str(exc), corrupt=True, version=version)
     return None
 
 
@@ -282,7 +212,7 @@ def copy(
     *,
     keyring: Keyring = NO_KEYS,
     trust_unsigned: bool = False,
-    kind: CodeKind = ARTIFACTS,
+    kind: Kind = ARTIFACTS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> bool | str | None:
     """Copy ``name`` from ``source`` to ``target``, create-if-absent, as stored (nothing is
@@ -294,11 +224,13 @@ def copy(
     and copied from there; or, with ``trust_unsigned`` (the operator's explicit word),
     streamed as it is. True if created, False if ``target`` had it, None if ``source`` has
     not, and the reason as text where it was skipped."""
-    opened = source.open_object(name)
-    if opened is None:
-        return None
     with contextlib.ExitStack() as stack:
-        stack.callback(opened.close)
+        try:
+            opened = stack.enter_context(reader.opened(source, name))
+        except reader.Unreadable as exc:
+            return f"{UNREADABLE_HERE} ({exc})"
+        if opened is None:
+            return None
         if trust_unsigned:
             return target.write_object(name, _chunks(opened))
         spool = stack.enter_context(tempfile.TemporaryFile(prefix="plancache-cp-"))
@@ -347,7 +279,7 @@ def prune(
     dry_run: bool = False,
     now: float | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    kind: CodeKind = ARTIFACTS,
+    kind: Kind = ARTIFACTS,
 ) -> ArtifactPruning:
     """Delete the objects of ``kind`` created more than ``older_than`` seconds ago (by age
     only), each only as the version judged; those this process cannot read are kept and

@@ -1,7 +1,8 @@
 """What a store holds, over any store: list, resolve, verify, stats, copy and prune (glue).
 
 Every function reads the store it is given, as it is, and reports in plain values; none
-prints. Store failures raise ``PlanStoreError``; a prefix that names no plan, or more than
+prints. Store failures raise ``PlanStoreError``, but one record the store does not hand
+over is an entry unreadable here (kept), never a failure; a prefix that names no plan, or more than
 one, raises ``ValueError``. Records of another schema version are reported, never judged
 by the format's rules, overwritten or deleted, except where the store's keys reject their
 signature. Reads and writes run on a few threads (store I/O is latency bound).
@@ -27,7 +28,7 @@ from typing import Any
 
 from plancache._backends.local import LocalStore
 from plancache._breaker import Breaker
-from plancache._inventory import parallel
+from plancache._inventory import UNREADABLE_HERE, parallel
 from plancache._inventory import prunable as prunable
 from plancache._keys import is_key_prefix
 from plancache._observation import Observation, Tombstone
@@ -37,6 +38,7 @@ from plancache._store import PlanStore, PutOutcome
 from plancache.errors import (
     InvalidPlanError,
     InvalidSignatureError,
+    PlanStoreError,
     PlanStoreReadOnlyError,
     UnsupportedSchemaError,
 )
@@ -56,11 +58,14 @@ class PlanRecord:
     rejected: str | None = None
     """Why the store's keys reject the record's signature (a plan's, or another schema's
     record's); None when they accept it or the store holds no keys."""
+    unreadable: bool = False
+    """A record the store did not hand over (a GLACIER object's 403): never judged, kept."""
 
     @property
     def invalid(self) -> bool:
-        """True for a record this version judges invalid (never one of another schema)."""
-        return self.plan is None and not self.other_schema
+        """True for a record this version judges invalid (never one of another schema, nor
+        one the store did not hand over)."""
+        return self.plan is None and not self.other_schema and not self.unreadable
 
     @property
     def problem(self) -> str | None:
@@ -85,11 +90,15 @@ def model(plan: Plan) -> str:
 def read_entry(store: PlanStore, fp: str) -> PlanRecord | None:
     """The record under ``fp``, checked against every rule of the format and judged by the
     store's keys; None if absent. An entry that is no record at all (a local FIFO, directory
-    or symbolic link named like a plan, never opened) is an invalid entry without bytes."""
+    or symbolic link named like a plan, never opened) is an invalid entry without bytes; one
+    the store does not hand over (a GLACIER object's 403) is unreadable here, kept (the rule
+    of ``plancache._artifacts.reader``)."""
     try:
         raw = store.read_raw(fp)
     except InvalidPlanError as exc:
         return PlanRecord(fp, b"", None, str(exc))
+    except PlanStoreError as exc:
+        return PlanRecord(fp, b"", None, f"{UNREADABLE_HERE} ({exc})", unreadable=True)
     return None if raw is None else judge(store, fp, raw)
 
 

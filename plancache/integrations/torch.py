@@ -19,10 +19,12 @@ Guarantees (those of bundles, ``plancache.caches``):
   manifest, and its name is its sha256;
 - herd: a bundle is named by its content and written create-if-absent, looking first: nodes
   that save the same bytes store one object;
-- bounds: ``load`` takes at most ``PLANCACHE_COMPILE_TIMEOUT`` to fetch, reads at most 64
-  bundles of one name, each at most ``PLANCACHE_COMPILE_MAX_BYTES`` (over it, ``save``
-  stores nothing and says so); neither raises for a store's failure, and ``load`` raises
-  nothing at all: without the bytes, torch compiles as usual.
+- bounds: ``load`` takes at most ``PLANCACHE_COMPILE_TIMEOUT`` to fetch, reads at most
+  ``MAX_BLOBS`` (64) bundles of one name a store and hands torch at most ``MAX_BLOBS``
+  blobs in all (the first by digest; more are counted in ``left_out`` and logged), each at
+  most ``PLANCACHE_COMPILE_MAX_BYTES`` (over it, ``save`` stores nothing and says so);
+  neither raises for a store's failure, and ``load`` raises nothing at all: without the
+  bytes, torch compiles as usual.
 
 Each ``save`` of other bytes under a name adds one bundle, and ``load`` loads them all: use
 one name per program and version (``"llama-8b-v3"``), or prune old bundles
@@ -33,6 +35,7 @@ Importing this module imports no torch; ``save`` and ``load`` do.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import logging
@@ -52,6 +55,8 @@ KIND = "torch_mega"
 SUFFIX = ".bin"
 MAX_NAME = 200
 """Most characters of a name (a factor of the scope)."""
+MAX_BLOBS = 64
+"""Most bundles ``load`` reads from a store, and most blobs it hands torch in all."""
 
 
 def mega_cache(
@@ -71,7 +76,8 @@ def mega_cache(
     except importlib.metadata.PackageNotFoundError:
         triton_version = "none"
     factors = {"torch": torch_version, "triton": triton_version, "device": gpu or device()}
-    return directory_cache(KIND, root, {**factors, "name": name})
+    cache = directory_cache(KIND, root, {**factors, "name": name})
+    return dataclasses.replace(cache, max_bundles=MAX_BLOBS)
 
 
 @dataclass(frozen=True)
@@ -90,13 +96,14 @@ class MegaCacheSaved:
 class MegaCacheLoaded:
     """What ``load`` did: the fetch's reason (``hit``, ``miss``, ``untrusted``, ``invalid``,
     ``store-error``, ``timeout``, or ``error``: see the log), how many blobs torch loaded and
-    how many it refused, what each load returned (torch's ``CacheInfo``), and the seconds
-    it all took."""
+    how many it refused, how many were past ``MAX_BLOBS`` (not handed to torch), what each
+    load returned (torch's ``CacheInfo``), and the seconds it all took."""
 
     name: str
     reason: str
     loaded: int = 0
     failed: int = 0
+    left_out: int = 0
     infos: list[Any] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -158,7 +165,16 @@ def load(name: str, *, gpu: str | None = None, share: CacheShare | None = None) 
         with tempfile.TemporaryDirectory(prefix="plancache-mega-") as root:
             fetched = opened.pull(mega_cache(name, root, gpu=gpu))
             result.reason = fetched.reason
-            for blob in sorted(Path(root).glob(f"*{SUFFIX}")):
+            blobs = sorted(Path(root).glob(f"*{SUFFIX}"))
+            result.left_out = max(0, len(blobs) - MAX_BLOBS)
+            if result.left_out:
+                log.warning(
+                    "plancache: mega-cache %s: %d blobs past the %d loaded left out",
+                    name,
+                    result.left_out,
+                    MAX_BLOBS,
+                )
+            for blob in blobs[:MAX_BLOBS]:
                 info = _load_blob(name, blob)
                 if info is None:
                     result.failed += 1

@@ -53,6 +53,7 @@ from plancache import _metrics as metrics
 from plancache._artifacts.archive import GROUP_PREFIX
 from plancache._background import Job
 from plancache._parse import parse_bool
+from plancache._redaction import printable
 from plancache.caches import CachePushed, CacheShare, GeneratedCache, triton_cache
 
 log = logging.getLogger("plancache.triton")
@@ -206,7 +207,7 @@ def report_rebuilt(group_files: list[str], bundles: int) -> int:
         "Triton, CUDA or driver version)",
         len(group_files),
         bundles,
-        ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
+        ", ".join(printable(n)[:80] for n in names[:8]) + (", ..." if len(names) > 8 else ""),
     )
     metrics.rebuilt("cache_triton", len(group_files))
     return len(group_files)

@@ -158,9 +158,9 @@ def test_stats_reads_the_newest_reports_only(
         store.upload_report(_report(tally))
     monkeypatch.undo()
     monkeypatch.setattr(reports, "MAX_READ", 1)
-    from plancache._command.artifacts import reports_read
+    from plancache._command.artifacts import stats
 
-    got = reports_read(open_store(str(tmp_path / "store")).layer, Keyring())
+    got = stats(open_store(str(tmp_path / "store")).layer, 1 << 30, Keyring())["boot_reports"]
     assert (got["stored"], got["read"]) == (4, 1)
     assert set(got["kinds"]) == {"cache_triton", "compile_artifact"}  # the newest: FLEET[3]
 

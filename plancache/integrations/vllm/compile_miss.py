@@ -2,8 +2,10 @@
 what its key is made of (``compiling.aot_factors``: vLLM's compile env factors, config,
 Inductor's factors, the forward) with the factors stored artifacts of the same rank carry
 (the label ``FACTORS_LABEL``, written at upload), and logs the differences with the nearest
-one, while vLLM compiles. The miss that moved ``HOME`` or put a pod's address in the key is
-named, not silent.
+one, while vLLM compiles. Where the keys require signatures only validly signed artifacts
+are compared (``CompileArtifacts.others``); what a stored artifact says (factor names and
+values, its producer's host) is logged escaped (``_redaction.printable``) and cut short.
+The miss that moved ``HOME`` or put a pod's address in the key is named, not silent.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def name_miss(
     ranked = [(m, differences(m.labels[FACTORS_LABEL], mine)) for m in same]
     manifest, differ = min(ranked, key=lambda md: (len(md[1]), -md[0].created_at))
     shown = "; ".join(
-        f"{d.factor}: {_shown(d.stored)} -> {_shown(d.given)}" for d in differ[:MAX_NAMED]
+        f"{printable(d.factor)[:80]}: {_shown(d.stored)} -> {_shown(d.given)}"
+        for d in differ[:MAX_NAMED]
     )
     log.warning(
         "plancache: compile artifact %s/%s: miss: the nearest stored one (%s, from %s) was "
@@ -78,7 +81,7 @@ def name_miss(
         key[:12],
         rank,
         manifest.name.removeprefix(NAME_PREFIX)[:12],
-        manifest.producer.get("host", "?"),
+        printable(str(manifest.producer.get("host", "?")))[:80],
         len(differ),
         shown or "none recorded (code or compiler state outside the factors)",
         "; ..." if len(differ) > MAX_NAMED else "",
