@@ -58,7 +58,6 @@ from plancache import _background as background
 from plancache._backends.local import LocalStore
 from plancache._directory import Directory
 from plancache._keys import validate_key
-from plancache._neighbours import foreign
 from plancache._observation import Observation
 from plancache._reasons import Reason
 
@@ -364,13 +363,13 @@ class Breaker:
             held = found
         try:
             if create:
-                held.private()
+                held.private()  # judges it again
+            if held.foreign is None:
+                return held
             st = os.fstat(held.fd)
         except BaseException:
             held.close()
             raise
-        if foreign(st, "the directory") is None:
-            return held
         held.close()
         _distrust(self.directory, st)
         if create:

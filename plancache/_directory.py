@@ -81,9 +81,11 @@ class Directory:
         """``open``, each directory absent below the anchor made with ``mode`` (less the
         umask, as ``mkdir`` makes it; the anchor and its parents, where absent, as
         ``os.makedirs`` makes them)."""
-        with contextlib.suppress(FileExistsError):
-            os.makedirs(anchor)
         made = cls._open(anchor, relative, mode)
+        if made is None:  # the anchor is absent (a file there stays one: refused below)
+            with contextlib.suppress(FileExistsError):
+                os.makedirs(anchor)
+            made = cls._open(anchor, relative, mode)
         if made is None:
             raise FileNotFoundError(errno.ENOENT, "absent or not a directory", str(anchor))
         return made
@@ -133,7 +135,8 @@ class Directory:
         taken = st.st_mode & 0o077 & ~mode
         if st.st_uid == os.geteuid() and taken:
             os.fchmod(self.fd, stat.S_IMODE(st.st_mode) & ~taken)
-        self.foreign = foreign(os.fstat(self.fd), f"directory {self.path}")
+            st = os.fstat(self.fd)
+        self.foreign = foreign(st, f"directory {self.path}")
 
     def close(self) -> None:
         os.close(self.fd)
