@@ -16,7 +16,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
 from plancache._artifacts import archive, modelinfo, packing
 from plancache._artifacts.modelinfo import ModelInfo
@@ -25,6 +24,7 @@ from plancache._neighbours import MAX_DEPTH, foreign
 from plancache.caches import CacheShare, directory_cache
 from plancache.integrations.vllm.factors import MAX_EXPLAINED, keep_for_explain
 from plancache.testing import child_env
+from tests.artifacts.test_long_names import _left_out
 from tests.cli.helpers import run
 
 NOBODY = 65534
@@ -192,11 +192,6 @@ def test_a_model_info_file_everyone_may_write_is_not_read_for_upload(tmp_path: P
 
 
 # -- item 10: a file too deep is counted and logged like a link ------------------------------
-def _left_out(why: str) -> float:
-    found = REGISTRY.get_sample_value("plancache_left_out_total", {"kind": "triton", "why": why})
-    return found or 0.0
-
-
 def test_a_file_too_deep_is_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
