@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from plancache import _background as background
-from plancache._backends.local import LocalStore
 from plancache._directory import Directory
 from plancache._keys import validate_key
 from plancache._observation import Observation
@@ -210,11 +209,11 @@ class Breaker:
 
     @classmethod
     def beside(cls, store: PlanStore) -> Breaker | None:
-        """The breaker whose marks live beside ``store``'s plans: a local store's (its
-        directory is a node's local directory); None for any other store (a node's marks are
-        in its own local directory)."""
-        layer = store.layer
-        return cls.for_dir(layer.root) if isinstance(layer, LocalStore) else None
+        """The breaker whose marks live beside ``store``'s plans: where its layer is a local
+        directory (``ObjectLayer.local_directory``: a node's local directory); None for any
+        other store (a node's marks are in its own local directory)."""
+        where = store.layer.local_directory()
+        return None if where is None else cls.for_dir(where)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Breaker:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from plancache._objects import CREATE, STALE_TEMP_SECONDS, ObjectLayer, Opened, WriteMode
 
@@ -25,7 +26,8 @@ def beneath(layer: ObjectLayer) -> Iterator[ObjectLayer]:
 
 class ForwardingLayer(ObjectLayer):
     """A layer that adds behaviour in front of another (``inner``). Every method, the
-    generic hooks included, goes to ``inner`` unless a subclass overrides it."""
+    generic hooks and the capabilities included, goes to ``inner`` unless a subclass
+    overrides it."""
 
     @property
     @abstractmethod
@@ -66,7 +68,7 @@ class ForwardingLayer(ObjectLayer):
 
     def remove_stale_temp_files(
         self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
-    ) -> int:
+    ) -> int | None:
         return self.inner.remove_stale_temp_files(older_than, dry_run=dry_run, name=name)
 
     def own(self) -> ObjectLayer:
@@ -74,6 +76,22 @@ class ForwardingLayer(ObjectLayer):
 
     def warm(self) -> None:
         self.inner.warm()
+
+    def probe_store(self) -> ObjectLayer | None:
+        return self.inner.probe_store()
+
+    def endpoint(self) -> str | None:
+        return self.inner.endpoint()
+
+    def credential_source(self) -> str | None:
+        return self.inner.credential_source()
+
+    @property
+    def call_timeout(self) -> float | None:
+        return self.inner.call_timeout
+
+    def local_directory(self) -> Path | None:
+        return self.inner.local_directory()
 
     def close(self) -> None:
         self.inner.close()

@@ -25,7 +25,15 @@ read-only view) is an ``ObjectLayer`` and nothing else; each kind, plans include
 (``plancache._store.PlanStore``), is built on one by composition. Besides the five
 primitives a layer answers a few generic questions with safe defaults (``atomic``,
 ``check_writable``, ``known_to_ignore_preconditions``, ``remove_stale_temp_files``,
-``own``, ``warm``, ``close``), so that no kind ever asks which backend it is on.
+``own``, ``warm``, ``close``), so that no kind ever asks which backend it is on, and declares
+its capabilities, again with safe defaults: whether its conditional writes must be probed
+before it is written and where (``probe_store``), the endpoint and credentials ``plancache
+doctor`` checks (``endpoint``, ``credential_source``, ``call_timeout``), and the local
+directory it is (``local_directory``). The write guard, ``plancache doctor``, the inventory
+and the crash-loop breaker ask these, never a backend's type (``tests/test_layout.py``
+fails on an ``isinstance`` of a backend class outside ``plancache/_backends/``), so a
+backend registered with ``register_backend`` gets what a built-in one gets by declaring the
+same.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Protocol
 
 STALE_TEMP_SECONDS = 3600.0
@@ -153,11 +162,12 @@ class ObjectLayer(ABC):
 
     def remove_stale_temp_files(
         self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
-    ) -> int:
+    ) -> int | None:
         """Delete the temp files (of the object ``name`` only, if given) that killed writers
         left more than ``older_than`` seconds ago; how many were (or, with ``dry_run``, would
-        be) removed. None to remove by default (a local directory has them)."""
-        return 0
+        be) removed. None (the default) where the layer leaves no temp files behind (a local
+        directory does)."""
+        return None
 
     def own(self) -> ObjectLayer:
         """This layer, reading only what no other local user could have written: a local
@@ -168,6 +178,42 @@ class ObjectLayer(ABC):
     def warm(self) -> None:
         """Start opening, on daemon threads, what this layer opens on first use (a lazy
         opening, a write guard's probe); returns at once. Nothing by default."""
+
+    # -- capabilities: what the layer is and needs, declared (safe defaults) ------------------
+    def probe_store(self) -> ObjectLayer | None:
+        """Where the conformance probe (``plancache._probe``) writes, for a layer whose
+        conditional writes must be checked before anything is written through it (an object
+        store behind HTTP: services and proxies may ignore the preconditions): this store on
+        the same client under a prefix that none of its listings shows. Such a layer is
+        written only once the probe found it honest (``GuardedStore``, on the one open path),
+        and ``plancache doctor`` runs every step of the probe on it. None (the default) where
+        there is nothing to probe (a local directory is atomic by construction)."""
+        return None
+
+    def endpoint(self) -> str | None:
+        """The ``http(s)://`` URL the layer's requests go to (may open the client; sends no
+        request): part of what a conformance verdict is about, and what ``plancache doctor``
+        shows and checks the clock against. None (the default) where there is none."""
+        return None
+
+    def credential_source(self) -> str | None:
+        """Where the layer's credentials come from, its name for the method (``env``,
+        ``anon``, ...), never a secret (may open the client); None (the default) where it
+        does not say."""
+        return None
+
+    @property
+    def call_timeout(self) -> float | None:
+        """Seconds one call of this layer takes at most, where the layer bounds its calls
+        (``plancache doctor`` bounds its own request to the endpoint by it); None (the
+        default) where it does not say."""
+        return None
+
+    def local_directory(self) -> Path | None:
+        """The local directory this layer keeps its objects in, where it is one: a node's
+        crash marks live beside them (``Breaker.beside``), and a command may require it to
+        exist. None (the default) for every other store."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -1,8 +1,9 @@
 """Object stores that fail: every failure is bounded, typed, one line, and free of secrets.
 
-Servers that answer errors replay the bodies S3 and GCS send; fake-gcs-server cannot show a
-missing bucket on a read (it answers a bare "Not Found" for both a missing object and a
-missing bucket), so that read is replayed with GCS's own message.
+Servers that answer errors replay the bodies S3 and GCS send; a missing bucket is a missing
+bucket on moto and fake-gcs-server themselves (fake-gcs-server answers a bare "Not Found" for
+a missing object and a missing bucket alike, as GCS answers 404 for both: the store tells
+them apart by a listing's status, never by the message's text).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from plancache.errors import (
 )
 from plancache.testing import FACTORS, GiB, make_plan
 from plancache.testing.hostile import FixedResponseServer, SilentServer
-from plancache.testing.servers import FakeGCS, MotoS3, closed_port
+from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, closed_port
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 TOKEN = "ya29.a0-plancache-secret-access-token"
@@ -117,11 +118,7 @@ FAULTS: dict[str, dict[str, tuple[Any, type[PlanStoreError], set[str]]]] = {
     },
     "missing-bucket": {
         "s3": ("moto_s3", PlanStoreNotFoundError, {"store-error"}),
-        "gcs": (
-            lambda: _endpoint(gcs_error(404, "The specified bucket does not exist."))(),
-            PlanStoreNotFoundError,
-            {"store-error"},
-        ),
+        "gcs": ("fake_gcs", PlanStoreNotFoundError, {"store-error"}),
     },
 }
 CASES = [(f, b) for f in FAULTS for b in ("s3", "gcs")]
@@ -141,7 +138,7 @@ def faulty(
     fault, backend = request.param
     where, error, reasons = FAULTS[fault][backend]
     if isinstance(where, str):
-        server: MotoS3 = request.getfixturevalue(where)
+        server: MotoS3 | FakeGCS = request.getfixturevalue(where)
         ctx: AbstractContextManager[str] = nullcontext(server.endpoint)
     else:
         ctx = where()
@@ -187,6 +184,26 @@ def test_gcs_write_to_a_missing_bucket(fake_gcs: FakeGCS) -> None:
         store.put(make_plan())
     with pytest.raises(PlanStoreNotFoundError):
         list(store.iter_fingerprints())
+
+
+def test_gcs_tells_a_missing_object_from_a_missing_bucket_by_status(
+    fake_gcs: FakeGCS, gcs_bucket: str
+) -> None:
+    """Both are a 404 with the same text on fake-gcs-server: a listing decides, once per store
+    (the bucket's existence is known from then on), whatever the messages say."""
+    with CountingProxy(fake_gcs.endpoint) as proxy:
+        store = open_store(f"gs://{gcs_bucket}/p", endpoint_url=proxy.endpoint, token="anon")
+        fp = make_plan().fingerprint
+        assert store.get(fp) is None
+        assert [m for m, _ in proxy.requests] == ["GET", "GET"]  # the object, then the listing
+        proxy.reset()
+        assert store.get(fp) is None and store.layer.delete_object("absent") is False
+        assert len(proxy.requests) == 2  # one each: the bucket is known to exist
+        store.close()
+        missing = open_store("gs://plancache-missing/p", endpoint_url=proxy.endpoint, token="anon")
+        with pytest.raises(PlanStoreNotFoundError, match="bucket 'plancache-missing' does not"):
+            missing.layer.delete_object("absent")
+        missing.close()
 
 
 def test_retries_are_bounded() -> None:

@@ -27,6 +27,7 @@ default bounds are tested in test_faults.py."""
 class TestGCSContract(ObjectStoreContract):
     create_method = replace_method = "POST"
     replace_marker = "ifGenerationMatch="
+    first_miss_requests = 2  # the listing that tells a missing object from a missing bucket
 
     @pytest.fixture
     def store_spec(self, gcs_endpoint: str, gcs_bucket: str) -> StoreSpec:

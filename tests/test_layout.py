@@ -414,3 +414,68 @@ def test_the_commands_dispatch_on_no_kind(rel: str) -> None:
 )
 def test_the_dispatch_check_finds_a_planted_one(planted: str) -> None:
     assert kind_dispatch(planted, *_kinds_known())
+
+
+# -- capabilities, not concrete types (issue 43, item 2) ---------------------------------------
+def _backend_classes() -> set[str]:
+    """The names of the classes ``plancache/_backends/`` defines that are object layers (the
+    backends and the wrappers of one)."""
+    from plancache._objects import ObjectLayer
+
+    names = set()
+    for rel in STORE_MODULES:
+        if rel.startswith("_backends/"):
+            module = importlib.import_module(_dotted(rel))
+            names |= {
+                c.__name__
+                for c in vars(module).values()
+                if isinstance(c, type)
+                and c.__module__ == module.__name__
+                and issubclass(c, ObjectLayer)
+            }
+    return names
+
+
+def type_checks(source: str, classes: set[str]) -> list[str]:
+    """Where ``source`` asks ``isinstance`` or ``issubclass`` of one of ``classes`` (alone,
+    in a tuple or a union)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
+            named = {_identifier(n) for n in ast.walk(node.args[1]) if isinstance(n, ast.expr)}
+            found += [f"{node.lineno}: {node.func.id} {c}" for c in sorted(named & classes)]
+    return found
+
+
+def test_no_module_asks_a_backends_type_outside_the_backends() -> None:
+    """Outside ``plancache/_backends/``, code asks a layer's capabilities
+    (``ObjectLayer.probe_store``, ``local_directory``, ...), never which backend it is: a
+    backend registered with ``register_backend`` gets what the built-in ones get."""
+    classes = _backend_classes()
+    assert {"LocalStore", "RemoteStore", "S3Store", "GCSStore", "CheckedLayer"} <= classes
+    found = [
+        f"{rel}:{where}"
+        for rel in _tree()
+        if not rel.startswith("_backends/")
+        for where in type_checks((PACKAGE / rel).read_text(), classes)
+    ]
+    assert not found, "a backend's type asked (ask a capability):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "if isinstance(store.layer, LocalStore):\n    pass",
+        "remote = isinstance(store, _remote.RemoteStore)",
+        "ok = isinstance(layer, (S3Store, GCSStore))",
+        "ok = isinstance(layer, FsspecStore | CheckedLayer)",
+        "ok = issubclass(type(layer), GuardedStore)",
+    ],
+)
+def test_the_type_check_finds_a_planted_one(planted: str) -> None:
+    assert type_checks(planted, _backend_classes())

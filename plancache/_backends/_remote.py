@@ -270,6 +270,10 @@ class RemoteStore(ObjectLayer):
         check_name(name)
         return f"{self.prefix}/{name}" if self.prefix else name
 
+    @property
+    def call_timeout(self) -> float:
+        return self.timeouts.total
+
     def probe_store(self) -> Self:
         """This store on the same client, under ``{prefix}/.plancache-probe``: where the
         conformance probe writes (plan listings, which stop at ``/``, never see it). Closing

@@ -93,11 +93,6 @@ def _generation(headers: Mapping[str, str], status: int) -> int:
     return int(generation)
 
 
-def _bucket_missing(reason: str) -> bool:
-    lowered = reason.lower()
-    return "bucket" in lowered and "no such object" not in lowered
-
-
 class GCSStore(RemoteStore):
     """``gs://bucket/prefix``: atomic create and compare-and-swap on object generations."""
 
@@ -129,6 +124,8 @@ class GCSStore(RemoteStore):
         self._download = f"{root}download/storage/v1/b/{bucket}/o"
         self._upload = f"{root}upload/storage/v1/b/{bucket}/o"
         self._opened = False
+        self._bucket_seen = False
+        """An answer only an existing bucket gives came (a 2xx, a failed precondition)."""
 
     async def _send(
         self,
@@ -170,12 +167,30 @@ class GCSStore(RemoteStore):
                             raise ResponseTooLargeError(cap)
                         body = body[:cap]
                     if r.status not in RETRY_STATUS or last:
+                        self._bucket_seen |= ok or r.status == 412
                         return r.status, r.headers, body
             except (TimeoutError, aiohttp.ClientConnectionError):
                 if last:
                     raise
             await asyncio.sleep(0.05)
         raise AssertionError("unreachable")
+
+    async def _absent(self, status: int) -> bool:
+        """True where ``status``, an object's answer, says the object is absent; False for
+        any other status. GCS answers 404 for a missing bucket too, with nothing but its
+        message's text to tell them apart: the bucket is known to exist (an earlier answer
+        proved it), else one listing of a single name under the prefix decides (a listing
+        names no object: its 404 is the bucket's; a missing bucket raises
+        ``GCSStatusError(404)``, ``PlanStoreNotFoundError`` once translated). So a store's
+        first miss, before any answer proved the bucket, costs one request more."""
+        if status != 404:
+            return False
+        if not self._bucket_seen:
+            params = {"prefix": self._list_prefix, "maxResults": "1", "fields": "nextPageToken"}
+            listed, _, body = await self._send("GET", self._objects, params=params)
+            if listed != 200:
+                raise GCSStatusError(listed, _reason(body, self.secrets))
+        return True
 
     def credential_source(self) -> str:
         method = getattr(getattr(self.fs, "credentials", None), "method", None)
@@ -196,7 +211,7 @@ class GCSStore(RemoteStore):
             status, headers, body = await self._send(
                 "GET", url, params={"alt": "media"}, limit=limit
             )
-            if status == 404 and not _bucket_missing(_reason(body, self.secrets)):
+            if await self._absent(status):
                 return None
             if status != 200:
                 raise GCSStatusError(status, _reason(body, self.secrets))
@@ -217,10 +232,11 @@ class GCSStore(RemoteStore):
                 timeout=self._stream_timeout,
             )
             if r.status == 200:
+                self._bucket_seen = True
                 return r
             body = await r.content.read(ERROR_BODY_LIMIT)
             r.release()
-            if r.status == 404 and not _bucket_missing(_reason(body, self.secrets)):
+            if await self._absent(r.status):
                 return None
             raise GCSStatusError(r.status, _reason(body, self.secrets))
 
@@ -349,8 +365,7 @@ class GCSStore(RemoteStore):
             status, _, body = await self._send(
                 "DELETE", self._url(self._objects, name), params=params
             )
-            missing = status == 404 and not _bucket_missing(_reason(body, self.secrets))
-            if missing or (status == 412 and params):
+            if await self._absent(status) or (status == 412 and params):
                 return False
             if status not in (200, 204):
                 raise GCSStatusError(status, _reason(body, self.secrets))

@@ -1,6 +1,8 @@
 """Never write through a store that ignores the preconditions of conditional writes.
 
-``GuardedStore`` wraps a remote store. Reads and listings go straight through: no probe
+``GuardedStore`` wraps a layer that declares where the conformance probe writes
+(``ObjectLayer.probe_store``: the built-in S3 and GCS backends, and any registered backend
+that declares one). Reads and listings go straight through: no probe
 ever runs on a lookup's path. Warming the store (``warm``: when a writable store opens, in
 the plugin while the weights load) or else its first write of any kind (a put, rewrite or
 delete of a plan, also one that the stored record turns into no write at all; an object
@@ -59,7 +61,6 @@ import orjson
 
 from plancache import _background as background
 from plancache._backends import open_layer
-from plancache._backends._remote import RemoteStore
 from plancache._backends.verdicts import (
     CLOCK_SKEW_S,
     KEPT,
@@ -112,7 +113,7 @@ class GuardedStore(ForwardingLayer):
 
     def __init__(
         self,
-        store: RemoteStore,
+        store: ObjectLayer,
         verdicts: VerdictCache | None,
         *,
         trust: bool = False,
@@ -303,7 +304,7 @@ class GuardedStore(ForwardingLayer):
                 if self.verdicts is not None:
                     self.verdicts.save(ident, self.url, found, at)
                 return found, VERDICT_TTL_S - max(0.0, time.time() - at)
-            result = probe(self.store.probe_store(), timeout=deadline - time.monotonic())
+            result = probe(self._probe_store(), timeout=deadline - time.monotonic())
             if result.verdict is not StoreVerdict.UNKNOWN:
                 break
         if result.verdict in KEPT:
@@ -317,7 +318,7 @@ class GuardedStore(ForwardingLayer):
         """The verdict another node shared and when it was found, if it may be taken (see
         the module); else None (``self._stored``: the stored object's version, None if
         absent). Raises ``PlanStoreError`` where the store did not answer."""
-        found = self.store.probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
+        found = self._probe_store().read_object(SHARED_VERDICT, SHARED_LIMIT)
         self._stored = None if found is None else found[1]
         if found is None:
             return None
@@ -334,6 +335,13 @@ class GuardedStore(ForwardingLayer):
             log.debug("plancache: %s: verdict %s shared by a node", self.url, result.verdict.value)
             return result, at
         return None
+
+    def _probe_store(self) -> ObjectLayer:
+        """Where the probe writes (``ObjectLayer.probe_store``), asked afresh each time."""
+        target = self.store.probe_store()
+        if target is None:  # open_guarded guards only a layer that declares one
+            raise PlanStoreError(f"{self.url}: the layer declares no probe store")
+        return target
 
     def _report(self, result: ProbeResult) -> None:
         """One log line per verdict found: ERROR for ``lies``."""
@@ -369,13 +377,14 @@ def open_guarded(
     patience: float | None = None,
     keyring: Keyring = NO_KEYS,
 ) -> ObjectLayer:
-    """``open_layer(url, **storage_options)``, an object store behind a ``GuardedStore``
-    whose verdicts are cached under ``local_dir`` (None: in memory only), which probes when
-    warmed where ``writable`` and whose writes wait up to ``patience`` seconds (None:
-    ``WRITE_PATIENCE_S``) for a verdict and whose shared verdicts ``keyring`` signs and
-    judges; other stores as they are."""
+    """``open_layer(url, **storage_options)``, a layer that declares a probe store
+    (``ObjectLayer.probe_store``: an object store, a registered backend declaring one) behind
+    a ``GuardedStore`` whose verdicts are cached under ``local_dir`` (None: in memory only),
+    which probes when warmed where ``writable`` and whose writes wait up to ``patience``
+    seconds (None: ``WRITE_PATIENCE_S``) for a verdict and whose shared verdicts ``keyring``
+    signs and judges; other stores as they are."""
     store = open_layer(url, **storage_options)
-    if not isinstance(store, RemoteStore):
+    if store.probe_store() is None:
         return store
     verdicts = None if local_dir is None else VerdictCache(Path(local_dir) / VERDICTS_DIR)
     wait = WRITE_PATIENCE_S if patience is None else patience

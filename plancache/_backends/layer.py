@@ -23,7 +23,12 @@ What it cannot add: atomicity (the layer's ``write_object`` must honour ``CREATE
 ``Update``; ``atomic`` is the layer's own attribute where it has one, else True) and time
 bounds on each call (the layer bounds its own; ``PlanCache``'s budget bounds a lookup). The
 generic hooks (``known_to_ignore_preconditions``, ``remove_stale_temp_files``, ``own``,
-``warm``) are the layer's own where it defines them, else ``ObjectLayer``'s defaults.
+``warm``) and the capabilities (``probe_store``, ``endpoint``, ``credential_source``,
+``call_timeout``, ``local_directory``) are the layer's own where it defines them, else
+``ObjectLayer``'s defaults; their answers are checked for their type as well, and a probe
+store it declares is checked in turn. So a layer that declares ``probe_store`` is written
+only once the conformance probe found it honest, and ``plancache doctor`` probes it, as it
+does the built-in object stores.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import NoReturn
 
 from plancache._objects import (
@@ -140,11 +146,11 @@ class CheckedLayer(ObjectLayer):
 
     def remove_stale_temp_files(
         self, older_than: float = STALE_TEMP_SECONDS, *, dry_run: bool = False, name: str = ""
-    ) -> int:
+    ) -> int | None:
         with self._translated("clean", name):
             removed = self.layer.remove_stale_temp_files(older_than, dry_run=dry_run, name=name)
-        if not isinstance(removed, int):
-            self._wrong("remove_stale_temp_files", removed, "an int")
+        if removed is not None and (not isinstance(removed, int) or isinstance(removed, bool)):
+            self._wrong("remove_stale_temp_files", removed, "an int or None")
         return removed
 
     def own(self) -> ObjectLayer:
@@ -155,6 +161,46 @@ class CheckedLayer(ObjectLayer):
     def warm(self) -> None:
         with self._translated("warm", ""):
             self.layer.warm()
+
+    # -- the capabilities: the layer's own, where it declares them -----------------------------
+    def probe_store(self) -> ObjectLayer | None:
+        with self._translated("probe", ""):
+            target = self.layer.probe_store()
+        if target is None:
+            return None
+        if not isinstance(target, ObjectLayer) or target is self.layer:
+            self._wrong("probe_store", target, "None or another ObjectLayer")
+        return CheckedLayer(target, self.origin, self.secrets)
+
+    def endpoint(self) -> str | None:
+        with self._translated("endpoint", ""):
+            return self._text("endpoint", self.layer.endpoint())
+
+    def credential_source(self) -> str | None:
+        with self._translated("credentials", ""):
+            return self._text("credential_source", self.layer.credential_source())
+
+    @property
+    def call_timeout(self) -> float | None:
+        bound = self.layer.call_timeout
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, int | float) or not bound > 0
+        ):
+            self._wrong("call_timeout", bound, "None or seconds > 0")
+        return None if bound is None else float(bound)
+
+    def local_directory(self) -> Path | None:
+        with self._translated("local directory", ""):
+            where = self.layer.local_directory()
+        if where is not None and not isinstance(where, Path):
+            self._wrong("local_directory", where, "None or a pathlib.Path")
+        return where
+
+    def _text(self, method: str, value: object) -> str | None:
+        """``value`` (None or a str), secrets masked; else the wrong answer raised."""
+        if value is not None and not isinstance(value, str):
+            self._wrong(method, value, "None or a str")
+        return None if value is None else scrub(value, self.secrets)
 
     def close(self) -> None:
         with self._close_lock:

@@ -175,6 +175,9 @@ class LocalStore(ObjectLayer):
     def url(self) -> str:
         return str(self.root)
 
+    def local_directory(self) -> Path:
+        return self.root
+
     # -- the object layer -----------------------------------------------------------------
     def _open_regular(
         self, name: str, at: Directory | None = None

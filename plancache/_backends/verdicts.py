@@ -18,10 +18,9 @@ from typing import Any
 
 import orjson
 
-from plancache._backends._remote import RemoteStore
 from plancache._directory import Directory
 from plancache._neighbours import OddFileError, read_file
-from plancache._objects import CREATE, Update
+from plancache._objects import CREATE, ObjectLayer, Update
 from plancache._probe import ProbeResult, StoreVerdict
 from plancache._redaction import printable, scrub
 from plancache._signing import Keyring
@@ -117,9 +116,10 @@ def detail(record: Mapping[str, Any]) -> str:
     return printable(str(record["detail"]))[:MAX_DETAIL_CHARS]
 
 
-def identity(store: RemoteStore) -> str:
-    """What a verdict is about: the store's URL and the endpoint its client talks to."""
-    return f"{store.url}\n{store.endpoint()}"
+def identity(store: ObjectLayer) -> str:
+    """What a verdict is about: the store's URL and the endpoint its client talks to (none
+    where the layer declares none)."""
+    return f"{store.url}\n{store.endpoint() or ''}"
 
 
 def endpoint_id(ident: str) -> str:
@@ -133,7 +133,7 @@ UNREADABLE = object()
 
 
 def share(
-    store: RemoteStore,
+    store: ObjectLayer,
     keyring: Keyring,
     result: ProbeResult,
     stored: object = _LOOK,
@@ -162,6 +162,8 @@ def share(
         payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
         record["signature"] = keyring.sign_payload(payload).to_dict()
     layer = store.probe_store()
+    if layer is None:  # no probe, no verdict to share
+        return
     try:
         if stored is _LOOK:
             try:

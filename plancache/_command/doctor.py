@@ -10,6 +10,10 @@ The node checks: signing keys (ids only), the local directory and its ``marks`` 
 ``conformance`` subdirectories (path, owner, mode, free space), and vLLM (version, the
 ``plancache`` entry point, ``VLLM_PLUGINS``, ``PLANCACHE_COMPILE_CACHE``). Every network
 call is bounded by the store's call timeouts; the whole command by ``--timeout``.
+
+Which checks a store gets is what its layer declares (``ObjectLayer.probe_store``,
+``endpoint``, ``credential_source``, ``call_timeout``), never its type: a backend registered
+with ``register_backend`` that declares a probe store is checked as S3 and GCS are.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from plancache._backends._remote import RemoteStore
 from plancache._backends.guarded import TRUST_VARIABLE
 from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, share
 from plancache._breaker import MARKS_DIR
@@ -53,6 +56,8 @@ GETS = 5
 """Reads of a missing key timed for the latency figure."""
 MAX_SKEW_S = 60.0
 """Clock skew past which prune ages and crash-mark ages go wrong enough to report."""
+CLOCK_WAIT_S = 3.0
+"""Seconds the clock check waits for the endpoint where the store declares no call bound."""
 MIN_FREE_BYTES = 100 << 20
 """Free space of the local directory below which it is a finding."""
 
@@ -97,8 +102,9 @@ class _Doctor:
             return
         try:
             self.add("store", "open", "ok", f"{store.url} ({type(store).__name__})")
-            if isinstance(store, RemoteStore):
-                self.remote(store)
+            target = store.probe_store()
+            if target is not None:
+                self.remote(store, target)
             else:
                 self.local_store(store)
         finally:
@@ -107,10 +113,21 @@ class _Doctor:
     def local_store(self, store: ObjectLayer) -> None:
         plans = PlanStore(store)
         self.attempt("store", "list", lambda: f"{sum(1 for _ in plans.iter_fingerprints())} plans")
-        self.add("store", "conformance", "info", "local directory: atomic by construction")
+        why = "local directory: atomic by construction"
+        if store.local_directory() is None:
+            why = "the store declares no probe store: not probed"
+        self.add("store", "conformance", "info", why)
 
-    def remote(self, store: RemoteStore) -> None:
-        if not self.attempt("store", "endpoint", lambda: without_userinfo(store.endpoint())):
+    def remote(self, store: ObjectLayer, target: ObjectLayer) -> None:
+        """The checks of a store that declares a probe store (``target``)."""
+        endpoint: str | None = None
+
+        def named() -> str:
+            nonlocal endpoint
+            endpoint = store.endpoint()
+            return "none declared" if endpoint is None else without_userinfo(endpoint)
+
+        if not self.attempt("store", "endpoint", named):
             return
         # not scrubbed again: gcsfs's method "anon" is also the ``token`` option's value
         source = credential_source(store, self.secrets)
@@ -130,13 +147,14 @@ class _Doctor:
         self.attempt(
             "store", "list", lambda: "ok" if next(store.list_objects(""), None) else "ok (empty)"
         )
-        self.conformance(store)
-        self.clock(store)
+        self.conformance(store, target)
+        if endpoint is not None:
+            self.clock(endpoint, store.call_timeout)
 
-    def conformance(self, store: RemoteStore) -> None:
+    def conformance(self, store: ObjectLayer, target: ObjectLayer) -> None:
         if self.settings.trust_preconditions:
             self.add("store", TRUST_VARIABLE, "info", "set: writes skip the probe's verdict")
-        result = probe(store.probe_store())
+        result = probe(target)
         ran = {s.name: s for s in result.steps}
         create, cleanup = ran.get("create"), ran.get("cleanup")
         write: Status = "ok" if create is not None and create.ok else "finding"
@@ -171,15 +189,17 @@ class _Doctor:
                 store, self.settings.keyring, result, replace_unreadable=True
             )  # what the fleet's nodes read first
 
-    def clock(self, store: RemoteStore) -> None:
-        endpoint = store.endpoint()
+    def clock(self, endpoint: str, bound: float | None) -> None:
+        """The skew of this node's clock from the ``Date`` of ``endpoint``'s answer to one
+        ``HEAD``, bounded by the store's call bound (else ``CLOCK_WAIT_S``)."""
         request = urllib.request.Request(endpoint, method="HEAD")
+        wait = CLOCK_WAIT_S if bound is None else bound
         try:
-            with urllib.request.urlopen(request, timeout=store.timeouts.total) as r:
+            with urllib.request.urlopen(request, timeout=wait) as r:
                 date = r.headers.get("Date")
         except urllib.error.HTTPError as exc:  # an error answer still carries a Date
             date = exc.headers.get("Date")
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not an http(s) URL
             self.add("store", "clock", "finding", f"no answer: {type(exc).__name__}")
             return
         now = time.time()
@@ -261,11 +281,11 @@ class _Doctor:
             )
 
 
-def credential_source(store: RemoteStore, secrets_: list[str]) -> str:
-    """Where the store's credentials came from (``RemoteStore.credential_source``), never a
+def credential_source(store: ObjectLayer, secrets_: list[str]) -> str:
+    """Where the store's credentials came from (``ObjectLayer.credential_source``), never a
     secret (``secrets_`` are masked in an error)."""
     try:
-        return store.credential_source()
+        return store.credential_source() or "not declared by the store"
     except PlanStoreError as exc:
         return scrub(f"not resolved: {exc}", secrets_)
 

@@ -21,7 +21,6 @@ import dataclasses
 from typing import Any
 
 from plancache._artifacts.engine import CompileSettings
-from plancache._backends.local import LocalStore
 from plancache._config import (
     Settings,
     is_remote,
@@ -63,8 +62,8 @@ def open_named(
     )
     store = settings.open_store()
     args.opened.append(store)
-    local = None if is_remote(url) else list(beneath(store.layer))[-1]
-    if must_exist and isinstance(local, LocalStore) and not local.root.exists():
+    local = None if is_remote(url) else list(beneath(store.layer))[-1].local_directory()
+    if must_exist and local is not None and not local.exists():
         raise CliError(f"{store.url}: no store there (the directory does not exist)")
     return store
 

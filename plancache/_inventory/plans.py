@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plancache._backends.local import LocalStore
 from plancache._breaker import Breaker
 from plancache._inventory import UNREADABLE_HERE, parallel
 from plancache._inventory import prunable as prunable
@@ -373,9 +372,8 @@ def prune(
             continue
         with contextlib.suppress(InvalidPlanError):  # turned invalid since: verify's job
             deleted += store.rewrite(e.fingerprint, lambda p: p.keeping(fresh, recent)) is None
-    temps = marks = None
-    if isinstance(store.layer, LocalStore):
-        temps = store.layer.remove_stale_temp_files(dry_run=dry_run)
+    marks = None
+    temps = store.layer.remove_stale_temp_files(dry_run=dry_run)
     breaker = Breaker.beside(store)
     if breaker is not None:
         marks = breaker.clean(older_than, dry_run=dry_run)

@@ -36,12 +36,14 @@ class ObjectStoreContract(StoreContract):
 
     and the class attributes ``create_method`` and ``replace_method`` (the HTTP methods of a
     conditional create and replace) and ``replace_marker`` (a text the replace request's
-    path carries, or ``""``).
+    path carries, or ``""``), and, where it is not 1, ``first_miss_requests``.
     """
 
     create_method: ClassVar[str] = ""
     replace_method: ClassVar[str] = ""
     replace_marker: ClassVar[str] = ""
+    first_miss_requests: ClassVar[int] = 1
+    """Requests of a fresh store's first read of an absent object (every later one: 1)."""
 
     @pytest.fixture
     def request_proxy(self) -> CountingProxy:
@@ -118,6 +120,9 @@ class ObjectStoreContract(StoreContract):
         create, _ = request_methods
         plan = make_plan()
         assert counted.get(plan.fingerprint) is None
+        assert self.methods(request_proxy) == ["GET"] * self.first_miss_requests
+        request_proxy.reset()
+        assert counted.get(make_plan(factors={"other": 1}).fingerprint) is None
         assert self.methods(request_proxy) == ["GET"]
         request_proxy.reset()
         assert counted.put(plan) is PutOutcome.CREATED
