@@ -20,11 +20,13 @@ import pytest
 from plancache import CREATE, ObjectLayer, Opened, PlanStore, Update, register_backend
 from plancache._backends import open_layer
 from plancache._backends.guarded import GuardedStore
+from plancache._backends.lazy import LazyStore
+from plancache._backends.tiered import ReadOnlyLayer
 from plancache._config import Settings
 from plancache._forwarding import beneath
 from plancache._objects import WriteMode
 from plancache.errors import PlanStoreError, StoreIgnoresPreconditionsError
-from plancache.testing import child_env, make_plan
+from plancache.testing import LocalStore, child_env, make_plan
 from tests.cli.helpers import run
 
 _OBJECTS: dict[tuple[str, str], tuple[bytes, int]] = {}
@@ -179,6 +181,18 @@ def test_a_registered_backends_capabilities_are_checked() -> None:
     probed = layer.probe_store()
     assert probed is not None and probed.url == "wrongdict://x"
     assert repr(probed).startswith("CheckedLayer(")  # checked in turn
+
+
+def test_the_wrappers_forward_the_capabilities(tmp_path: Path) -> None:
+    """A lazy opening, a write guard and a read-only view answer what the layer beneath
+    declares; a bare local directory declares itself and no probe store."""
+    local = LocalStore(tmp_path)
+    assert local.local_directory() == tmp_path
+    assert local.probe_store() is None and local.endpoint() is None
+    assert ReadOnlyLayer(LazyStore("x", lambda: local)).local_directory() == tmp_path
+    guarded = GuardedStore(open_layer("honestdict://w"), None)
+    assert guarded.probe_store() is not None and guarded.local_directory() is None
+    assert local.remove_stale_temp_files() == 0 and guarded.remove_stale_temp_files() is None
 
 
 def _doctor(url: str, tmp_path: Path, code: int) -> dict[str, dict[str, str]]:
