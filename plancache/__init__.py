@@ -5,7 +5,7 @@ The public API is what this module exports (``__all__``; docs/library.md), plus
 ``plancache.testing``; every other module is private (a leading underscore). The public names
 load on first use (PEP 562), so ``import plancache`` stays cheap: the vLLM plugin imports it
 in every process vLLM starts. The module paths of plancache 0.3.0 (``plancache.store``,
-``plancache.backends.local``, ...) still import, with a ``DeprecationWarning``, until 0.5.0.
+``plancache.backends.local``, ...) still import, with a ``DeprecationWarning``, until 0.6.0.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from plancache.errors import (
     InvalidSignatureError,
     JobTimeout,
     MissingExtraError,
+    MovedError,
+    MovedModuleError,
     PlancacheError,
     PlanStoreConflictError,
     PlanStoreError,
@@ -102,6 +104,8 @@ __all__ = [
     "InvalidSignatureError",
     "JobTimeout",
     "MissingExtraError",
+    "MovedError",
+    "MovedModuleError",
     "ObjectLayer",
     "Observation",
     "Opened",

@@ -30,6 +30,7 @@ from plancache._background import Job, JobTimeout
 from plancache._defaults import DEFAULT_BUDGET_S, RECORD_EXIT_WAIT_S
 from plancache._gate import Budget, gate
 from plancache._keys import Scalar, fingerprint
+from plancache._objects import ObjectLayer
 from plancache._observation import Observation
 from plancache._plan import Plan
 from plancache._reasons import RECORD_FAILURES, PutOutcome, Reason
@@ -38,6 +39,7 @@ from plancache._store import PlanStore
 from plancache._units import gib_text as _gib
 from plancache._version import __version__
 from plancache.errors import (
+    ConfigError,
     InvalidPlanError,
     InvalidSignatureError,
     PlanStoreError,
@@ -146,26 +148,50 @@ def _describe(exc: BaseException) -> tuple[Reason, str]:
     return reason, scrub(detail)
 
 
+def _plans(store: object, what: str) -> PlanStore:
+    """``store`` as the plans kind: itself, or the plans kind built on a layer; anything else
+    raises ``ConfigError`` naming ``what`` gave it and what to give instead."""
+    if isinstance(store, ObjectLayer):
+        return PlanStore(store)
+    if not isinstance(store, PlanStore):
+        raise ConfigError(
+            f"{what} gave a {type(store).__qualname__}, not a store: give PlanCache a "
+            "PlanStore (open_store(url)), an ObjectLayer, or a function returning one"
+        )
+    return store
+
+
 class PlanCache:
     """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
 
     def __init__(
-        self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
+        self,
+        store: PlanStore | ObjectLayer | Callable[[], PlanStore | ObjectLayer],
+        timeout: float = DEFAULT_BUDGET_S,
     ) -> None:
         """``timeout`` is the budget of each lookup and record, I/O and decoding included.
-        ``store`` may be a factory, called through an ``Opening`` on first use (again on the
-        next use while it raises), so that opening a remote client is bounded like any other
-        I/O."""
+        ``store``: the plans kind (``PlanStore``, ``open_store(url)``), or an object layer,
+        on which the plans kind is built (``PlanStore(layer)``: plancache 0.3.0's
+        ``PlanCache(LocalStore(path))`` keeps working), or a factory of either, called
+        through an ``Opening`` on first use (again on the next use while it raises), so that
+        opening a remote client is bounded like any other I/O. Anything else raises
+        ``ConfigError`` here, naming what to give instead."""
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
         self._opening: Opening[PlanStore] | None = None
         self._store: PlanStore | None = None
-        if isinstance(store, PlanStore):
-            self._store = store
-        else:
+        if isinstance(store, PlanStore | ObjectLayer):
+            self._store = _plans(store, "store")
+        elif callable(store):
             name = getattr(store, "__qualname__", type(store).__name__)
-            self._opening = Opening(f"{name}()", store)
+            self._opening = Opening(f"{name}()", lambda: _plans(store(), f"{name}()"))
+        else:
+            raise ConfigError(
+                f"PlanCache takes a store, got {type(store).__qualname__} {store!r:.80}: write "
+                "PlanCache(open_store(url)), PlanCache(PlanStore(layer)) or "
+                "PlanCache.from_env()"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanCache:

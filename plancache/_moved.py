@@ -4,7 +4,10 @@ A finder on ``sys.meta_path`` answers an old path (``plancache.store``, or a mod
 old package, ``plancache.backends.local``) with the module now at the new one: the same
 module object, so every name in it is the same object as before. ``plancache.fingerprint``
 is not among them: that name is the public function (the old module of that name, which
-the function shadowed, is ``plancache._keys``). Removed in 0.5.0.
+the function shadowed, is ``plancache._keys``), and importing the old module raises
+``MovedModuleError`` naming what to import instead (``GONE``), never a bare "No module named".
+The moved paths are removed in ``DEPRECATED_REMOVED_IN`` (see the CHANGELOG's deprecation
+policy).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from plancache._version import DEPRECATED_REMOVED_IN
+from plancache.errors import MovedModuleError
 
 MOVED = {
     "plancache.artifact_commands": "plancache._command.artifacts",
@@ -48,6 +52,16 @@ MOVED = {
     "plancache.units": "plancache._units",
 }
 """Old module path -> where the module is now."""
+
+
+GONE = {
+    "plancache.fingerprint": (
+        "plancache.fingerprint is a function since plancache 0.4.0, not a module: "
+        "`from plancache import fingerprint` (fingerprint(factors)); a plan's object name is "
+        "plancache.testing.plan_object_name(fp) (0.3.0's object_name)"
+    ),
+}
+"""Module paths of 0.3.0 that import nothing now -> what to write instead."""
 
 
 def new_path(name: str) -> str | None:
@@ -85,10 +99,22 @@ class _Alias(importlib.abc.Loader):
         module.__spec__ = self.spec
 
 
+class _Gone(importlib.abc.Loader):
+    """Loads nothing: raises ``MovedModuleError`` naming what to import instead."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        raise MovedModuleError(GONE[spec.name], name=spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        raise MovedModuleError(GONE[module.__name__], name=module.__name__)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if name in GONE:
+            return importlib.machinery.ModuleSpec(name, _Gone())
         new = new_path(name) if name.startswith("plancache.") else None
         return None if new is None else importlib.machinery.ModuleSpec(name, _Alias(new))
 

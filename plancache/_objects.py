@@ -42,13 +42,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
+
+from plancache.errors import MovedError
 
 STALE_TEMP_SECONDS = 3600.0
 """Age past which a temp file of a write is a killed writer's leftover."""
 PART_BYTES = 8 << 20
 """Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
 multiples of 256 KiB)."""
+
+
+PLANS_KIND_NAMES = frozenset(
+    {"get", "find", "put", "put_merged", "rewrite", "retract", "delete", "iter_fingerprints"}
+    | {"read_raw", "use_keyring"}
+)
+"""What 0.3.0's backends answered as the plans kind, and ``PlanStore`` answers now."""
 
 
 class Reader(Protocol):
@@ -217,6 +226,20 @@ class ObjectLayer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    if not TYPE_CHECKING:  # typed code names no method of the plans kind on a layer
+
+        def __getattr__(self, name: str) -> object:
+            """A method of 0.3.0's plans kind (``LocalStore(path).get(fp)``: the backends
+            were the plans kind then) raises ``MovedError`` naming the plans kind built on
+            the layer; any other missing name is an ``AttributeError``."""
+            if name in PLANS_KIND_NAMES:
+                raise MovedError(
+                    f"{type(self).__name__}.{name}: a backend is an object layer since "
+                    f"plancache 0.4.0, and plans are a kind built on it: write "
+                    f"PlanStore(layer).{name}(...) or open_store(url).{name}(...)"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def close(self) -> None:
         """Release resources held by the store (sessions, pools). Idempotent."""

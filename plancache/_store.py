@@ -32,6 +32,7 @@ from plancache._observation import Observation
 from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here
 from plancache._signing import NO_KEYS, Keyring
+from plancache._version import DEPRECATED_REMOVED_IN
 from plancache.errors import (
     InvalidPlanError,
     PlanStoreConflictError,
@@ -118,7 +119,8 @@ class PlanStore:
     ``put`` is ``put_merged`` without the record, and ``retract`` is a ``rewrite``: a
     subclass that changes how records are written overrides those two, and both follow.
     The layer's primitives (``read_object``, ...) are reached through ``layer``; asked of
-    the store they still answer, with a ``DeprecationWarning``, until 0.5.0.
+    the store they still answer, with a ``DeprecationWarning``, until
+    ``DEPRECATED_REMOVED_IN``.
     """
 
     #: Bound on the compare-and-swap loop's rounds when racing writers keep winning.
@@ -179,7 +181,7 @@ class PlanStore:
             if name in _LAYER_METHODS:
                 warnings.warn(
                     f"PlanStore.{name} is deprecated: use PlanStore.layer.{name} (removed in "
-                    "0.5.0)",
+                    f"{DEPRECATED_REMOVED_IN})",
                     DeprecationWarning,
                     stacklevel=2,
                 )

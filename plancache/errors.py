@@ -112,6 +112,17 @@ class RankAgreementError(PlancacheError, RuntimeError):
     leave ranks on different paths."""
 
 
+class MovedError(PlancacheError, AttributeError):
+    """A name of plancache 0.3.0 asked of an object that no longer answers it (the plans
+    kind's ``get`` asked of a backend, which is an object layer since 0.4.0): the message
+    names what to write instead."""
+
+
+class MovedModuleError(PlancacheError, ModuleNotFoundError):
+    """A module path of plancache 0.3.0 that no longer imports: the message names what to
+    import instead."""
+
+
 DEPRECATED_ALIASES = {
     "PlanStoreUnavailable": "PlanStoreUnavailableError",
     "PlanStoreNotFound": "PlanStoreNotFoundError",

@@ -175,7 +175,7 @@ def test_the_frontiers_extremes_and_their_deprecated_names(old: str, new: str) -
     assert (plan.max_kv_cache_memory_bytes, plan.min_free_memory_baseline) == (10 * GiB, 60 * GiB)
     with pytest.warns(
         DeprecationWarning,
-        match=f"^Plan.{old} is deprecated: use Plan.{new} \\(removed in plancache 0.5.0\\)$",
+        match=f"^Plan.{old} is deprecated: use Plan.{new} \\(removed in plancache 0.6.0\\)$",
     ) as w:
         value = getattr(plan, old)
     assert value == getattr(plan, new)
