@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from plancache._command.caches import _cache, _share, parse_factor, pulled_text, pushed_text
@@ -139,31 +139,44 @@ def _opened(args: argparse.Namespace) -> tuple[CacheShare, list[GeneratedCache],
 
 
 @contextlib.contextmanager
-def _forwarding(child: subprocess.Popen[bytes]) -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP go to ``child`` and SIGINT is ignored here
-    (a terminal sends it to the program too); the handlers before are restored after."""
+def _forwarding() -> Iterator[Callable[[subprocess.Popen[bytes]], None]]:
+    """While the block runs, SIGTERM and SIGHUP go to the child the block names by calling
+    what it yields (those that arrived before are sent then), and SIGINT is ignored here (a
+    terminal sends it to the program too); the handlers before are restored after."""
+    children: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        if not children:
+            pending.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+            children[0].send_signal(signum)
+
+    def started(child: subprocess.Popen[bytes]) -> None:
+        children.append(child)
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # not inherited
+        for signum in pending:
+            forward(signum, None)
 
     before = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        yield
+        yield started
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
 
 def _program(program: Sequence[str]) -> int:
-    """Run ``program`` to its end; its exit status (killed by signal N: 128 + N)."""
-    try:
-        child = subprocess.Popen(list(program))
-    except OSError as exc:
-        echo(f"plancache: run: {program[0]!r:.200}: {exc.strerror or exc}", file=sys.stderr)
-        return NOT_FOUND
-    with _forwarding(child):
+    """Run ``program`` to its end, the signals forwarded from before it starts; its exit
+    status (killed by signal N: 128 + N)."""
+    with _forwarding() as started:
+        try:
+            child = subprocess.Popen(list(program))
+        except OSError as exc:
+            echo(f"plancache: run: {program[0]!r:.200}: {exc.strerror or exc}", file=sys.stderr)
+            return NOT_FOUND
+        started(child)
         code = child.wait()
     return 128 - code if code < 0 else code
 

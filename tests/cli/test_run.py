@@ -104,6 +104,14 @@ def test_sigterm_is_forwarded_to_the_program_and_the_cache_pushed_after(tmp_path
     assert len(_bundles(store)) == 1
 
 
+def test_the_program_keeps_its_own_ctrl_c(tmp_path: Path) -> None:
+    """plancache leaves SIGINT to the program (a terminal sends it to both): the program's
+    own handler is Python's default, not an ignored signal inherited from plancache."""
+    asks = _program("import signal; print(signal.getsignal(signal.SIGINT).__name__)")
+    result = _run(*KIND, "--dir", str(tmp_path / "c"), "--url", str(tmp_path / "s"), *asks)
+    assert (result.returncode, result.stdout) == (0, "default_int_handler\n"), result.stderr
+
+
 def test_a_program_killed_by_a_signal_exits_128_plus_it(tmp_path: Path) -> None:
     dies = _program("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     result = _run(*KIND, "--dir", str(tmp_path / "c"), "--url", str(tmp_path / "s"), *dies)
