@@ -47,6 +47,12 @@ _HELP = (
     "added once it ends (also after SIGTERM); its exit status is kept"
 )
 
+_EPILOG = (
+    "For run, --timeout bounds each pull (PLANCACHE_COMPILE_TIMEOUT wins where set), the pushes "
+    "PLANCACHE_COMPILE_EXIT_WAIT in all; the program runs as long as it runs. SIGTERM and SIGHUP "
+    "are forwarded to it; its exit status is the command's."
+)
+
 
 def parse_kinds(text: str) -> tuple[str, ...]:
     """``inductor,triton`` as a tuple of kinds, each once (argparse type)."""
@@ -61,7 +67,7 @@ def add_run_command(
 ) -> None:
     """Add ``run`` to the command's subparsers ``sub`` (``common``: every subcommand's
     options)."""
-    p = sub.add_parser("run", parents=[common], help=_HELP, description=_HELP)
+    p = sub.add_parser("run", parents=[common], help=_HELP, description=_HELP, epilog=_EPILOG)
     p.set_defaults(func=cmd_run, main_thread=True)
     p.add_argument(
         "--kind",
