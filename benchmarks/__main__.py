@@ -13,8 +13,10 @@ failed (the others still run and are saved).
 
 ``--all`` adds what the main job leaves out to stay within 8 minutes with its set-up: S3
 and GCS store costs on loopback servers it starts itself, write contention on one key, the
-32-process fleet simulation, and, in the compile stage, a hit's and a miss's cost per store
-and the memory check (``ALL_ONLY``).
+32-process fleet simulation, a plain ``torch.compile`` program on a new machine through
+``plancache run`` against warm, hand-copied and mega-cache runs (``torch_run``, three runs:
+about a minute each where the machine is idle), and, in the compile stage, a hit's and a
+miss's cost per store and the memory check (``ALL_ONLY``).
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from benchmarks import (
     report,
     rollout,
     store_costs,
+    torch_run,
 )
 from plancache.testing import servers
 
-ALL_ONLY = ("remote", "contention", "fleet")
+ALL_ONLY = ("remote", "contention", "fleet", "torch")
 """Stages only ``--all`` runs (``--fleet-only`` runs the fleet too)."""
 
 
@@ -118,6 +121,10 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
     def plugin() -> None:
         results["plugin_costs"] = plugin_costs.measure()
 
+    def torch_program() -> None:
+        with tempfile.TemporaryDirectory(prefix="plancache-torch-run-") as work:
+            results["torch_run"] = torch_run.measure(Path(work), runs=3)
+
     def contended() -> None:
         remote = ("s3", "gcs")
         suite = {b: n for b, n in contention.SUITE.items() if not (args.no_remote and b in remote)}
@@ -130,6 +137,7 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
         "remote": ("S3 and GCS store costs on loopback servers", remote),
         "plugin": ("the vLLM plugin's critical-path cost, local / S3 / GCS", plugin),
         "contention": ("write contention on one key", contended),
+        "torch": ("a torch.compile program on a new machine: plancache run, 3 runs", torch_program),
     }
     for name, (what, measure) in stages.items():
         if args.fleet_only:

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from plancache._backends import open_layer
+from plancache._backends import LOCAL_SCHEME, check_url, open_layer, url_scheme
 from plancache._defaults import DEFAULT_BUDGET_S, default_dir
 from plancache._neighbours import foreign
 from plancache._objects import ObjectLayer
@@ -132,8 +132,9 @@ def keyring_from_env(environ: Mapping[str, str] | None = None) -> Keyring:
 
 
 def is_remote(url: str) -> bool:
-    """True for URLs that name something other than a local directory."""
-    return "://" in url and not url.startswith("file://")
+    """True for URLs that name something other than a local directory (parsed strictly:
+    ``url_scheme``)."""
+    return url_scheme(url) != LOCAL_SCHEME
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,9 @@ class Settings:
     write_patience: float | None = None
     """Seconds a write to a remote store waits for the conformance probe's verdict, probing
     again after each backoff (None: ``guarded.WRITE_PATIENCE_S``; the command gives 0)."""
+    url_given: bool = True
+    """False where no ``PLANCACHE_URL`` (or ``--url``) named the store: the local default
+    serves, and ``described`` says so."""
 
     def __repr__(self) -> str:
         return (
@@ -168,7 +172,7 @@ class Settings:
         """Read the ``PLANCACHE_*`` variables; raises ``ConfigError`` naming a bad one."""
         env = os.environ if environ is None else environ
         local = str(default_dir(env))
-        url = env.get("PLANCACHE_URL") or local
+        url = check_url(env.get("PLANCACHE_URL") or local)
         timeout = parse_timeout(
             "PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
         )
@@ -187,7 +191,22 @@ class Settings:
         trust = parse_bool(
             "PLANCACHE_TRUST_PRECONDITIONS", env.get("PLANCACHE_TRUST_PRECONDITIONS", "0")
         )
-        return cls(url, timeout, read_only, tier, options, keyring_from_env(env), trust)
+        keyring = keyring_from_env(env)
+        given = bool(env.get("PLANCACHE_URL"))
+        return cls(url, timeout, read_only, tier, options, keyring, trust, url_given=given)
+
+    def described(self) -> str:
+        """The store in words, for a command's first line and a log line: its URL (without
+        user info), and whether anything leaves this machine."""
+        if is_remote(self.url):
+            tier = "" if self.local_tier is None else f"; local tier {self.local_tier}"
+            return f"{without_userinfo(self.url)} (remote{tier})"
+        if not self.url_given:
+            return (
+                f"{self.url} (the local default: PLANCACHE_URL is not set; nothing leaves this "
+                "machine)"
+            )
+        return f"{self.url} (a local path)"
 
     @property
     def local_dir(self) -> str:

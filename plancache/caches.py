@@ -42,8 +42,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,6 +56,7 @@ from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
+from plancache._redaction import without_userinfo
 from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache")
@@ -65,9 +66,11 @@ __all__ = [
     "CachePushed",
     "CacheShare",
     "GeneratedCache",
+    "Shared",
     "device",
     "directory_cache",
     "inductor_cache",
+    "sharing",
     "triton_cache",
 ]
 
@@ -91,6 +94,47 @@ class CachePushed:
 
     files: int
     written: dict[str, bool]
+
+
+@dataclass
+class Shared:
+    """What ``sharing`` did: one ``CacheFetched`` per cache at enter, and at exit one
+    ``CachePushed`` per cache (None: that push failed or did not end in time, logged)."""
+
+    pulled: list[CacheFetched]
+    pushed: list[CachePushed | None] = field(default_factory=list)
+
+
+_announced: set[str] = set()
+_warned_unsigned: set[str] = set()
+_said = threading.Lock()
+
+
+def _once(seen: set[str], key: str) -> bool:
+    """True the first time ``key`` is in ``seen`` in this process."""
+    with _said:
+        first = key not in seen
+        seen.add(key)
+    return first
+
+
+def _announce(settings: Settings) -> None:
+    """Log, once per process and store, the store generated caches go to (WARNING where
+    nothing configured it: the local default, nothing leaves this machine)."""
+    if _once(_announced, settings.url):
+        level = logging.INFO if settings.url_given else logging.WARNING
+        log.log(level, "plancache: generated caches: store %s", settings.described())
+
+
+def _warn_unsigned(url: str) -> None:
+    if _once(_warned_unsigned, url):
+        log.warning(
+            "plancache: cache bundles stored unsigned in %s: nodes with a key "
+            "(PLANCACHE_SIGNING_KEY or PLANCACHE_VERIFY_KEYS) never install them, nodes without "
+            "one only with PLANCACHE_COMPILE_TRUST_UNSIGNED=1; sign them: set "
+            "PLANCACHE_SIGNING_KEY where they are pushed",
+            without_userinfo(url),
+        )
 
 
 def directory_cache(
@@ -192,8 +236,15 @@ class CacheShare:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CacheShare:
-        """From every ``PLANCACHE_*`` setting; raises ``ConfigError`` naming a malformed one."""
-        return cls(Settings.from_env(environ), CompileSettings.from_env(environ))
+        """From every ``PLANCACHE_*`` setting; raises ``ConfigError`` naming a malformed one,
+        ``UnsupportedStoreError`` (a ``PlancacheError`` and ``ValueError``) for a store URL
+        no backend serves (``s3:/x`` without ``//``, ``s4://``), naming the accepted forms.
+        Logs the store it uses once per process: a WARNING where ``PLANCACHE_URL`` is unset
+        (the local default serves: nothing leaves this machine), else INFO."""
+        settings = Settings.from_env(environ)
+        share = cls(settings, CompileSettings.from_env(environ))
+        _announce(settings)
+        return share
 
     def pull(self, cache: GeneratedCache) -> CacheFetched:
         """Install below ``cache.root`` every trusted, valid bundle of its kind and scope,
@@ -233,12 +284,51 @@ class CacheShare:
     ) -> CachePushed:
         """Store the files below ``cache.root`` that ``known`` does not list as one bundle,
         create-if-absent, on the store (unless it refuses writes: logged), then on the local
-        tier. Raises ``ArtifactError`` where a file changed while it was read."""
+        tier. A bundle stored unsigned on a remote store is said once per process (WARNING:
+        nodes with a key never take it). Raises ``ArtifactError`` where a file changed while
+        it was read."""
         info = dict(producer() if producer_info is None else producer_info)
         files, written = self._artifacts.upload_cache(
             cache.kind, cache.scope, cache.root, frozenset(known), info
         )
+        unsigned = self._artifacts.keyring.signing_key_id is None
+        if written.get("store") and self._artifacts.remote and unsigned:
+            _warn_unsigned(self._artifacts.settings.url)
         return CachePushed(files, written)
+
+    def push_within(
+        self, cache: GeneratedCache, known: frozenset[str] | set[str], timeout: float
+    ) -> CachePushed | None:
+        """``push`` on a daemon thread, waited for at most ``timeout`` seconds (then
+        abandoned: an abandoned upload stores nothing); None where it failed or did not end
+        in time (logged). Never raises."""
+        job = background.start(functools.partial(self.push, cache, known), "plancache-cache-push")
+        try:
+            if job.join(max(timeout, 0.0)):
+                return job.wait(0)
+            log.warning(
+                "plancache: %s cache: push not done within %g s: abandoned", cache.kind, timeout
+            )
+        except Exception as exc:  # the program's result stands without it
+            log.warning(
+                "plancache: %s cache: not stored: %s: %s", cache.kind, type(exc).__name__, exc
+            )
+        return None
+
+    @contextlib.contextmanager
+    def sharing(self, *caches: GeneratedCache) -> Iterator[Shared]:
+        """Pull each of ``caches`` at enter (each within ``fetch_timeout``), push what the
+        block added to each at exit, also where it raised (within ``exit_wait`` in all).
+        Yields a ``Shared``: ``pulled`` at enter, ``pushed`` filled at exit. Raises nothing
+        of its own: a store's failure is logged and the block runs as without plancache."""
+        shared = Shared([self.pull(cache) for cache in caches])
+        try:
+            yield shared
+        finally:
+            deadline = time.monotonic() + self.exit_wait
+            for cache, pulled in zip(caches, shared.pulled, strict=True):
+                remaining = deadline - time.monotonic()
+                shared.pushed.append(self.push_within(cache, pulled.known, remaining))
 
     def close(self) -> None:
         self._artifacts.close()
@@ -250,3 +340,13 @@ class CacheShare:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def sharing(*caches: GeneratedCache, environ: Mapping[str, str] | None = None) -> Iterator[Shared]:
+    """The one line for the common case: ``with sharing(inductor_cache()): main()`` pulls
+    each cache before the block and pushes what the block added after it, on the stores
+    every ``PLANCACHE_*`` setting names (``CacheShare.from_env(environ)``, closed after;
+    ``CacheShare.sharing``). Raises only what ``from_env`` raises for a bad setting."""
+    with CacheShare.from_env(environ) as share, share.sharing(*caches) as shared:
+        yield shared

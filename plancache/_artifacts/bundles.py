@@ -71,8 +71,9 @@ class CacheBundles:
         cancelled: Callable[[], bool] = lambda: False,
     ) -> CacheFetched:
         """Install below ``root`` the files of every trusted, valid bundle of cache ``kind``
-        in ``scope`` (at most ``max_bundles`` a source), each file create-if-absent, within
-        the fetch bound, installing nothing more once ``cancelled()`` (its caller stopped
+        in ``scope`` (at most ``max_bundles`` a source; a bundle read from one source is not
+        read again from the next: ``bundles`` counts each once), each file create-if-absent,
+        within the fetch bound, installing nothing more once ``cancelled()`` (its caller stopped
         waiting). The paths every bundle read lists (installed or not) are returned as
         ``known``: an upload leaves them out. Never raises."""
         start = time.monotonic()
@@ -80,11 +81,12 @@ class CacheBundles:
         with contextlib.suppress(OSError):
             remove_partial_installs(root)
         prefix = f"{CACHE_PREFIX}{kind}_{scope}_"
+        done: set[str] = set()  # read from an earlier source (the local tier's copy)
 
         def listed(layer: ObjectLayer) -> list[str]:
             names = []
             for name in layer.list_objects(prefix):
-                if parse_cache_name(name) is not None:
+                if parse_cache_name(name) is not None and name not in done:
                     names.append(name)
                 if len(names) >= max_bundles or time.monotonic() > deadline:
                     break
@@ -92,7 +94,7 @@ class CacheBundles:
 
         def install_from(source: Source, name: str, opened: Opened) -> tuple[Manifest, int]:
             named_kind, named_scope, _ = parse_cache_name(name) or ("", "", "")
-            return install_cache(
+            installed = install_cache(
                 _Deadline(opened, deadline, cancelled),
                 root,
                 named_kind,
@@ -101,6 +103,8 @@ class CacheBundles:
                 max_bytes=self.engine.compile.max_bytes,
                 keyring=self.engine.keyring,
             )
+            done.add(name)  # named by its content: another source's copy is the same
+            return installed
 
         read = self.engine.read(
             f"{kind} cache",

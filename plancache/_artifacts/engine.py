@@ -25,13 +25,13 @@ retractions) only when the conformance probe found it honest (``_backends.guarde
 on a fetch's path, which reads only a verdict already known.
 
 Guarantees of ``Engine.read``: it never raises; a source the trust rule would refuse unread
-is not read; a failure is classified by its type into a reason (``Refused``: ``untrusted``
-or ``invalid``; ``TooSlow``: ``slow``; past the deadline: ``timeout``; another
-``ArtifactError``: ``invalid``; anything else: ``store-error``; each logged with control
-characters escaped: ``_redaction.printable``), and a slow or timed-out fetch reads nothing
-more. Nothing here knows a backend: the stores are asked through their
-generic hooks (``ObjectLayer.remove_stale_temp_files``, ...) and the plans store's
-``local_tier``.
+is listed, not read (``untrusted`` only where it lists something); a failure is classified
+by its type into a reason (``Refused``: ``untrusted`` or ``invalid``; ``TooSlow``: ``slow``;
+past the deadline: ``timeout``; another ``ArtifactError``: ``invalid``; anything else:
+``store-error``; each logged with control characters escaped: ``_redaction.printable``), and
+a slow or timed-out fetch reads nothing more. Nothing here knows a backend: the stores are
+asked through their generic hooks (``ObjectLayer.remove_stale_temp_files``, ...) and the
+plans store's ``local_tier``.
 """
 
 from __future__ import annotations
@@ -228,12 +228,11 @@ class Engine(Trust):
         the trust rule does not refuse unread, each object ``names(layer)`` lists is opened
         and passed to ``install`` (its result: what was installed; None: it was there
         already), until one is installed (every one with ``every``), a read is slow, or
-        ``deadline`` (monotonic) passes. Never raises (see the module docstring)."""
+        ``deadline`` (monotonic) passes. A source the trust rule refuses unread is listed,
+        never read: ``untrusted`` where ``names`` found something there, a miss where it
+        found nothing (a first boot). Never raises (see the module docstring)."""
         out: Read[T] = Read()
         for source in self.sources():
-            if not self.may_download(source.local):
-                out.failed("untrusted", source.label)
-                continue  # not even downloaded
             try:
                 listed = list(names(source.layer))
             except Exception as exc:  # the node builds what it needs as usual
@@ -246,6 +245,9 @@ class Engine(Trust):
                     printable(str(exc)),
                 )
                 continue
+            if listed and not self.may_download(source.local):
+                out.failed("untrusted", source.label)
+                continue  # found, refused, not even downloaded
             for name in listed:
                 if deadline is not None and time.monotonic() > deadline:
                     out.failed("timeout", source.label)

@@ -93,10 +93,50 @@ def _qualname(obj: object) -> str:
     return f"{module}:{name}" if module else str(name)
 
 
-def _scheme(url: str) -> str:
-    if "://" not in url:
+ACCEPTED_FORMS = (
+    "a local path (/data/store, ./store), file:///data/store, s3://bucket/prefix, "
+    "gs://bucket/prefix, or SCHEME://... for a registered backend or another fsspec protocol"
+)
+"""The forms of a store URL, named by every error that refuses one."""
+_SCHEME_PREFIX = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,31}):")
+"""What starts a URL with a scheme (``s3:``): it must go on with ``//``."""
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of store URL ``url`` (lowercased; ``file`` for a local path), parsed
+    strictly, here only: text that starts like a scheme (``s3:``, ``file:``, ``gs:``) but
+    does not go on with ``//`` is ``UnsupportedStoreError`` naming the accepted forms, never
+    a relative local path (``s3:/fleet/caches`` would write ``./s3:/fleet/caches``); a local
+    path with such a colon is written ``./name:...``. An empty URL is refused too."""
+    if not url.strip():
+        raise UnsupportedStoreError(f"empty store URL: give {ACCEPTED_FORMS}")
+    match = _SCHEME_PREFIX.match(url)
+    if match is None:
         return "file"
-    return urlsplit(url).scheme.lower()
+    if not url.startswith("//", match.end()):
+        scheme = match.group(1)
+        raise UnsupportedStoreError(
+            f"store URL {url.rpartition('@')[2]!r:.200}: {scheme + ':'!r} is not followed by "
+            f"'//' (meant {scheme}://...?); give {ACCEPTED_FORMS} (a local path with a "
+            "colon: ./name:...)"
+        )
+    return match.group(1).lower()
+
+
+def check_url(url: str) -> str:
+    """``url`` if some backend serves it (``url_scheme``, then the registry: registered,
+    built-in, entry point, fsspec protocol); else ``UnsupportedStoreError`` (an unknown
+    scheme: ``UnknownSchemeError``) naming the accepted forms. Imports no client library."""
+    scheme = url_scheme(url)
+    if scheme != LOCAL_SCHEME and _backend(scheme) is None:
+        from fsspec.registry import known_implementations, registry
+
+        if scheme not in known_implementations and scheme not in registry:
+            raise UnknownSchemeError(
+                f"unknown store scheme {scheme!r}: give {ACCEPTED_FORMS} (served here: "
+                f"{_supported()})"
+            )
+    return url
 
 
 def _check_scheme(scheme: object) -> str:
@@ -305,22 +345,14 @@ def open_layer(url: str | None = None, **storage_options: Any) -> ObjectLayer:
     """
     from plancache._backends.local import LocalStore
 
-    if url is not None and not url.strip():
-        raise UnsupportedStoreError("empty store URL: give a path or URL (None: the default)")
-    if url is None or _scheme(url) == "file":
+    if url is None or url_scheme(check_url(url)) == LOCAL_SCHEME:
         if storage_options:
             raise UnsupportedStoreError(
                 f"local stores take no storage options, got {sorted(storage_options)}"
             )
         return LocalStore(None if url is None else _local_path(url))
-    scheme = _scheme(url)
-    backend = _backend(scheme)
-    if backend is None:
-        from fsspec.registry import known_implementations, registry
-
-        if scheme not in known_implementations and scheme not in registry:
-            raise UnknownSchemeError(f"unknown store scheme {scheme!r}; supported: {_supported()}")
-        backend = Backend(scheme, GENERIC)
+    scheme = url_scheme(url)
+    backend = _backend(scheme) or Backend(scheme, GENERIC)
     factory = _load(backend)
     secrets = list(secret_values({"url": url, **storage_options}))
     try:
@@ -356,7 +388,7 @@ def _missing_package(scheme: str, exc: ImportError) -> MissingExtraError:
 
 
 def _local_path(url: str) -> str:
-    if url.startswith("file://"):
+    if _SCHEME_PREFIX.match(url):  # file://, in any case (url_scheme checked it)
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost"):
             raise UnsupportedStoreError(f"file:// URL names a remote host: {url!r}")

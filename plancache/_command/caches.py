@@ -14,8 +14,11 @@ holds) which paths the stored bundles hold; a later push from that directory sto
 the files they do not hold (``--all``: without that record; never a file a trusted stored
 bundle holds), as one bundle named by its content.
 
-Exit status (``cli.main``): 0 done (a pull that found nothing is done: ``miss``); 1 a pull
-refused what it found (unsigned or badly signed bundles: each named on stderr); 2 an error,
+The first line (stderr) names the store and whether anything leaves this machine.
+
+Exit status (``cli.main``): 0 done (a pull that found nothing is done: ``miss``, a first
+boot; from a remote store without a key, an empty one is a ``miss`` too); 1 a pull refused
+what it found (unsigned or badly signed bundles: each named on stderr); 2 an error,
 one line: a store that failed or did not answer within the pull's bound, a push the store
 did not take, a bad kind, factor or directory.
 """
@@ -33,11 +36,15 @@ from pathlib import Path
 
 import orjson
 
+from plancache._artifacts.engine import CompileSettings
 from plancache._command.display import echo, plural, print_json
 from plancache._config import Settings, is_remote, keyring_from_env
 from plancache._directory import Directory
 from plancache._redaction import without_userinfo
+from plancache._signing import NO_KEYS
 from plancache.caches import (
+    CacheFetched,
+    CachePushed,
     CacheShare,
     GeneratedCache,
     directory_cache,
@@ -55,6 +62,12 @@ _HELP = (
     "pull a generated-cache directory (Triton's, Inductor's, any whose files are named by "
     "their own keys) from a store, or push what it holds to it"
 )
+UNSIGNED_HINT = (
+    "plancache: from a remote store, only bundles signed by a key this node accepts are "
+    "installed: set PLANCACHE_SIGNING_KEY where they are pushed and the same key here "
+    "(PLANCACHE_VERIFY_KEYS), or --trust-unsigned"
+)
+"""Said after a pull from a remote store without a key that found nothing or refused."""
 _PULL_HELP = (
     "install every trusted bundle of KIND in its scope into the directory, each file "
     "create-if-absent; exit 1 if any was refused"
@@ -167,9 +180,11 @@ def _share(args: argparse.Namespace) -> tuple[CacheShare, str]:
     if getattr(args, "trust_unsigned", False):
         env["PLANCACHE_COMPILE_TRUST_UNSIGNED"] = "1"
     args.keyring = keyring_from_env(env)  # masked in any error line
-    share = CacheShare.from_env(env)
+    settings = Settings.from_env(env)
+    share = CacheShare(settings, CompileSettings.from_env(env))
     args.opened.append(share)
-    return share, Settings.from_env(env).url
+    echo(f"plancache: store {settings.described()}", file=sys.stderr)  # the first line
+    return share, settings.url
 
 
 @contextlib.contextmanager
@@ -260,21 +275,11 @@ def cmd_cache_pull(args: argparse.Namespace) -> int:
             }
         )
     else:
-        echo(
-            f"{cache.kind} cache {cache.root}: {fetched.reason}, "
-            f"{plural(fetched.bundles, 'bundle')}, {plural(fetched.installed, 'file')} installed "
-            f"from {shown} ({fetched.seconds:.3f} s)"
-        )
-    if fetched.reason in ("untrusted", "invalid"):
-        if fetched.reason == "untrusted" and is_remote(url):
-            _say(
-                [
-                    "plancache: unsigned bundles of a remote store are refused: configure a "
-                    "key (PLANCACHE_VERIFY_KEYS), or --trust-unsigned"
-                ]
-            )
-        return 1
-    return 0
+        echo(pulled_text(cache, fetched, shown))
+    unkeyed = args.keyring is NO_KEYS and not args.trust_unsigned
+    if fetched.reason in ("untrusted", "miss") and is_remote(url) and unkeyed:
+        _say([UNSIGNED_HINT])
+    return 1 if fetched.reason in ("untrusted", "invalid") else 0
 
 
 def _which(cache: GeneratedCache, url: str) -> dict[str, str]:
@@ -302,12 +307,26 @@ def cmd_cache_push(args: argparse.Namespace) -> int:
                 "written": pushed.written,
             }
         )
-    elif not pushed.files:
-        echo(f"{cache.kind} cache {cache.root}: nothing new: nothing stored in {shown}")
     else:
-        done = "stored" if pushed.written.get("store") else "stored already"
-        echo(
-            f"{cache.kind} cache {cache.root}: {plural(pushed.files, 'file')} {done} as one "
-            f"bundle in {shown}"
-        )
+        echo(pushed_text(cache, pushed, shown))
     return 0
+
+
+def pulled_text(cache: GeneratedCache, fetched: CacheFetched, shown: str) -> str:
+    """A pull's line: the cache, the reason, what it installed, from where, how long."""
+    return (
+        f"{cache.kind} cache {cache.root}: {fetched.reason}, "
+        f"{plural(fetched.bundles, 'bundle')}, {plural(fetched.installed, 'file')} installed "
+        f"from {shown} ({fetched.seconds:.3f} s)"
+    )
+
+
+def pushed_text(cache: GeneratedCache, pushed: CachePushed, shown: str) -> str:
+    """A push's line: the cache, and what it stored where."""
+    if not pushed.files:
+        return f"{cache.kind} cache {cache.root}: nothing new: nothing stored in {shown}"
+    done = "stored" if pushed.written.get("store") else "stored already"
+    return (
+        f"{cache.kind} cache {cache.root}: {plural(pushed.files, 'file')} {done} as one "
+        f"bundle in {shown}"
+    )

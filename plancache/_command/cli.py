@@ -3,13 +3,15 @@
 This module parses the arguments, runs the subcommand they name (``reading``: ``ls``, ``show``,
 ``stats``; ``maintenance``: ``verify``, ``rm``, ``prune``, ``cp``; ``fingerprint``;
 ``explain``; ``doctor``;
-``caches``: ``cache pull``, ``cache push``) and turns every failure into one line,
+``caches``: ``cache pull``, ``cache push``; ``run``) and turns every failure into one line,
 ``plancache: error: ...``, and exit status 2; ``--debug`` adds the traceback (secrets and
 keys masked).
 
 A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
 error line and exit 2, whatever a call is stuck in; the executable then exits at once,
-without waiting for the threads such a call left behind.
+without waiting for the threads such a call left behind. ``run`` is the exception: it runs
+in the main thread (it handles signals), for as long as its program runs, and its own parts
+are bounded by their settings (``plancache._command.run``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from plancache._command.explain import NEAREST, cmd_explain
 from plancache._command.fingerprint import cmd_fingerprint
 from plancache._command.maintenance import cmd_cp, cmd_prune, cmd_rm, cmd_verify
 from plancache._command.reading import SORT_KEYS, cmd_ls, cmd_show, cmd_stats
+from plancache._command.run import add_run_command
 from plancache._config import parse_storage_options
 from plancache._defaults import MAX_SECONDS
 from plancache._parse import parse_seconds
@@ -255,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_cache_command(sub, common)
+    add_run_command(sub, common)
     return parser
 
 
@@ -277,10 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``doctor``, ``show`` of an invalid, unreadable or vanished record, ``cache pull`` refusing
     what it found) or standard output closed under the command (a broken pipe); 2 a failure
     (one error line), or the command not done within ``--timeout`` (one error line; the
-    command's daemon thread is not waited for); 130 on Ctrl-C while waiting for it. Arguments
+    command's daemon thread is not waited for); 130 on Ctrl-C while waiting for it; ``run``:
+    its program's exit status (128 + N where a signal N killed it). Arguments
     argparse rejects raise its ``SystemExit(2)`` (usage on stderr), ``--help`` and
     ``--version`` its ``SystemExit(0)``."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "main_thread", False):  # run: a program's own time, signals handled
+        return _run(args)
     command = background.start(lambda: _run(args), "plancache-command")
     try:
         done = command.join(args.timeout)

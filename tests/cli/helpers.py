@@ -29,9 +29,10 @@ def run(
     env: Mapping[str, str] | None = None,
     stdin: str | None = None,
     timeout: float = 120,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m plancache ARGS`` and return its result (never raises on exit codes;
-    fails the test past ``timeout`` seconds)."""
+    """Run ``python -m plancache ARGS`` (in ``cwd``) and return its result (never raises on
+    exit codes; fails the test past ``timeout`` seconds)."""
     return subprocess.run(
         [sys.executable, "-m", "plancache", *args],
         input=stdin,
@@ -39,6 +40,7 @@ def run(
         text=True,
         env=dict(env) if env is not None else child_env(),
         timeout=timeout,
+        cwd=cwd,
     )
 
 

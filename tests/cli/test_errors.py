@@ -34,9 +34,9 @@ def test_expected_errors_are_one_line(tmp_path: Path, store: LocalFixture) -> No
     assert result.returncode == 2 and "hunter2" not in result.stdout + result.stderr
     debug = run("--debug", "ls", "nosuch://bucket")
     assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert "unknown store scheme 'nosuch': give a local path" in debug.stderr
     assert debug.stderr.rstrip().endswith(
-        "unknown store scheme 'nosuch'; "
-        + ("supported: file://, gcs://, gs://, s3://, s3a://, memory:// and other fsspec protocols")
+        "(served here: file://, gcs://, gs://, s3://, s3a://, memory:// and other fsspec protocols)"
     )
     assert run("ls", "nosuch://bucket", "--debug").stderr.count("Traceback") == 1
     assert run().returncode == 2  # no subcommand: usage
