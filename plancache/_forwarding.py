@@ -10,7 +10,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 
-from plancache._objects import CREATE, STALE_TEMP_SECONDS, ObjectLayer, Opened, WriteMode
+from plancache._defaults import STALE_TEMP_SECONDS
+from plancache._objects import CREATE, ObjectLayer, Opened, WriteMode
 
 
 def beneath(layer: ObjectLayer) -> Iterator[ObjectLayer]:

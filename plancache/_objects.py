@@ -35,8 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-STALE_TEMP_SECONDS = 3600.0
-"""Age past which a temp file of a write is a killed writer's leftover."""
+from plancache._defaults import STALE_TEMP_SECONDS
+
 PART_BYTES = 8 << 20
 """Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
 multiples of 256 KiB)."""

@@ -33,9 +33,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
+from plancache._defaults import STALE_TEMP_SECONDS
 from plancache._objects import (
     CREATE,
-    STALE_TEMP_SECONDS,
     ObjectLayer,
     Opened,
     WriteMode,

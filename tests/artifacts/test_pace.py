@@ -14,9 +14,10 @@ import pytest
 
 from plancache import _background as background
 from plancache._artifacts.engine import CompileSettings
-from plancache._artifacts.pacing import FIRST_ANSWER_S, JOIN_S, join_fetch
+from plancache._artifacts.pacing import join_fetch
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
+from plancache._defaults import FIRST_ANSWER_S, JOIN_S
 from plancache.testing.servers import CountingProxy, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
 
