@@ -307,10 +307,14 @@ def test_what_to_avoid_can_be_worked_out_in_the_lookups_thread(store: PlanStore)
     failed = cache.start_lookup(FACTORS, 80 * GiB, avoid=broken).result(5)
     assert failed.reason == "error" and "marks directory unreadable" in failed.detail
 
+    release = threading.Event()
+
     def stalled(key: str) -> set[str]:
-        time.sleep(3)
+        release.wait(30)
         return set()
 
-    start = time.monotonic()
-    assert cache.start_lookup(FACTORS, 80 * GiB, avoid=stalled).result(0.3).reason == "timeout"
-    assert time.monotonic() - start < 2.0
+    try:
+        late = cache.start_lookup(FACTORS, 80 * GiB, avoid=stalled).result(0.3)
+        assert late.reason == "timeout" and not release.is_set()  # cut off while it stalled
+    finally:
+        release.set()

