@@ -1,10 +1,9 @@
 """What the docs and docstrings claim about the code, held against it: the pages the index
-lists, the commands it names, the error family, the public modules, the log line of a plan
+lists, the commands it names, the public modules, the log line of a plan
 hit, what depends on clocks, the cache kinds the plugin shares."""
 
 from __future__ import annotations
 
-import ast
 import logging
 import re
 from pathlib import Path
@@ -17,7 +16,6 @@ from plancache._artifacts.manifest import CACHE_KINDS
 from plancache._command.cli import build_parser
 from plancache._defaults import BOUNDS
 from plancache.caches import CacheShare, directory_cache
-from plancache.errors import PlancacheError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -32,39 +30,6 @@ def test_the_index_lists_every_page_and_every_command() -> None:
     assert isinstance(commands.choices, dict)
     named = {c for c in commands.choices if f"`{c}`" in index or f"`plancache {c}`" in index}
     assert set(commands.choices) - named == set()
-
-
-def _classes(path: Path) -> list[tuple[str, list[str]]]:
-    """Each class ``path`` defines: its name and the names of its bases."""
-    return [
-        (node.name, [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases])
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef)
-    ]
-
-
-def test_every_exception_plancache_defines_is_a_plancache_error() -> None:
-    """``plancache.errors``: every exception derives from ``PlancacheError``, those defined
-    elsewhere too (each from one of the family)."""
-    family = {
-        name
-        for name, cls in vars(plancache.errors).items()
-        if isinstance(cls, type) and issubclass(cls, PlancacheError)
-    }
-    defined = [
-        (str(path.relative_to(ROOT)), name, bases)
-        for path in (ROOT / "plancache").rglob("*.py")
-        if path.name != "errors.py"
-        for name, bases in _classes(path)
-    ]
-    plain = {"Exception", "OSError", "ValueError", "RuntimeError", "TimeoutError"}
-    exceptions = {n for _, n, bases in defined if plain & set(bases) and not family & set(bases)}
-    assert not exceptions, f"exceptions outside the family: {exceptions}"
-    elsewhere = [(where, name) for where, name, bases in defined if family & set(bases)]
-    assert len(elsewhere) >= 5
-    doc = plancache.errors.__doc__ or ""
-    named = {name for _, name in elsewhere if f"``{name}``" in doc}
-    assert named >= {"TimedOut", "TooSlow", "Refused", "Unreadable", "OddFileError"}
 
 
 def test_the_package_docstring_names_every_public_module() -> None:
