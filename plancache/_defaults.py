@@ -11,12 +11,12 @@ Also: the parsers of setting values, and where plans live locally (``default_dir
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -256,9 +256,10 @@ class Setting(Generic[T]):
     """The default as the README shows it."""
 
     def read(self, environ: Mapping[str, str] | None = None) -> T:
-        """This variable's value in ``environ`` (default: the process's environment)."""
+        """This variable's value in ``environ`` (default: the process's environment); where
+        it is not set, a copy of the default (a mutable one is never shared)."""
         text = (os.environ if environ is None else environ).get(self.name)
-        return self.default if text is None else self.parse(self.name, text)
+        return copy.copy(self.default) if text is None else self.parse(self.name, text)
 
 
 SETTINGS: list[Setting[Any]] = []
@@ -300,10 +301,10 @@ LOCAL_TIER = _setting(
     "local tier in front of a remote store: `1`, `0` or a directory",
     "`1` (the default local directory)",
 )
-STORAGE_OPTIONS: Setting[Mapping[str, Any]] = _setting(
+STORAGE_OPTIONS: Setting[dict[str, Any]] = _setting(
     "PLANCACHE_STORAGE_OPTIONS",
     "JSON object",
-    MappingProxyType({}),
+    {},
     lambda name, text: parse_storage_options(text, name),
     "JSON object of storage options for the backend",
     "`{}`",

@@ -4,7 +4,9 @@ the local directory and the time budget."""
 
 from __future__ import annotations
 
+import copy
 import inspect
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -76,6 +78,13 @@ def test_a_setting_reads_its_default_when_unset_and_parses_when_set() -> None:
     with pytest.raises(ValueError, match="PLANCACHE_TIMEOUT"):
         timeout.read({"PLANCACHE_TIMEOUT": "soon"})
     assert _defaults.ENABLE.read({"PLANCACHE_ENABLE": " "}) is None  # blank: not set
+    options = _defaults.STORAGE_OPTIONS
+    assert options.read({}) == {} and options.read({}) is not options.read({})
+
+
+def test_settings_from_the_environment_copy_and_pickle() -> None:
+    settings = Settings.from_env({})
+    assert copy.deepcopy(settings) == pickle.loads(pickle.dumps(settings)) == settings
 
 
 def _copy_docs(to: Path) -> None:
