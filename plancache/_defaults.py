@@ -431,16 +431,18 @@ TRITON_CACHE = _setting(
 )
 
 
+def _number(value: float) -> str:
+    """``value`` as written: a whole number without a point (no exponent), another exactly."""
+    return f"{value:.0f}" if value.is_integer() else repr(value)
+
+
 def tables() -> dict[str, str]:
     """The README's settings table (``settings``) and docs/configuration.md's bounds table
     (``bounds``), as Markdown between blank lines."""
     settings = ["| variable | type | meaning | default |", "|---|---|---|---|"]
     settings += [f"| `{s.name}` | {s.type} | {s.doc} | {s.shown} |" for s in SETTINGS]
     bounds = ["| constant | value | what it bounds |", "|---|---|---|"]
-    bounds += [
-        f"| `{b.name}` | {b.value:.{0 if b.value.is_integer() else 1}f} {b.unit} | {b.doc} |"
-        for b in BOUNDS
-    ]
+    bounds += [f"| `{b.name}` | {_number(b.value)} {b.unit} | {b.doc} |" for b in BOUNDS]
     return {
         name: "\n\n" + "\n".join(rows) + "\n\n"
         for name, rows in [("settings", settings), ("bounds", bounds)]

@@ -44,6 +44,8 @@ def test_every_bound_is_the_constant_of_its_name() -> None:
     names = [b.name for b in BOUNDS]
     assert len(names) == len(set(names)) >= 30
     assert all(getattr(_defaults, b.name) == b.value for b in BOUNDS)
+    shown = re.findall(r"^\| `(\w+)` \| (\S+) ", tables()["bounds"], re.M)
+    assert [(name, float(value)) for name, value in shown] == [(b.name, b.value) for b in BOUNDS]
 
 
 def test_no_time_bound_is_defined_outside_the_table() -> None:
