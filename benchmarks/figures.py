@@ -6,7 +6,9 @@ measured them the real ``Worker`` path and Triton's kernels) in several places. 
 sits between two marker comments, ``<!-- figures:NAME -->`` and ``<!-- /figures -->``
 (invisible once rendered), and its text is ``blocks(results)[NAME]``: one set of numbers,
 those of the results file committed as ``docs/results/main-job.json`` (the ``results.json``
-a run of ``python -m benchmarks`` writes to its ``--out``).
+a run of ``python -m benchmarks`` writes to its ``--out``). The same markers hold the tables
+of settings and bounds (``settings``, ``bounds``), generated from ``plancache._defaults``, the
+one table every reader of a setting or a bound takes it from.
 
     python -m benchmarks.figures --results docs/results/main-job.json          # the blocks
     python -m benchmarks.figures --results docs/results/main-job.json --write  # into the docs
@@ -36,6 +38,8 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from plancache._defaults import tables
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results" / "main-job.json"
@@ -249,7 +253,7 @@ def blocks(results: Mapping[str, Any]) -> dict[str, str]:
         + _triton(results, prefix="; and it compiled ", what="Triton kernels")
         + "."
     )
-    return {
+    return tables() | {
         "readme-headline": _wrapped(readme),
         "compile-measured": _wrapped(measured),
         "compile-boots": _table(results),

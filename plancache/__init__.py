@@ -1,8 +1,10 @@
 """plancache: content-addressed vLLM startup plans, shared by a fleet through any store.
 
 The public API is what this module exports (``__all__``; docs/library.md), plus
-``plancache.errors``, the vLLM plugin ``plancache.integrations.vllm`` and the test kit
-``plancache.testing``; every other module is private (a leading underscore). The public names
+``plancache.errors``, the cache API ``plancache.caches``, the integrations (the vLLM plugin
+``plancache.integrations.vllm``, the Triton cache manager ``plancache.integrations.triton``,
+torch's mega-cache ``plancache.integrations.torch``) and the test kit ``plancache.testing``;
+every other module is private (a leading underscore). The public names
 load on first use (PEP 562), so ``import plancache`` stays cheap: the vLLM plugin imports it
 in every process vLLM starts. The module paths of plancache 0.3.0 (``plancache.store``,
 ``plancache.backends.local``, ...) still import, with a ``DeprecationWarning``, until 0.6.0.

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from plancache import _background as background
+from plancache._defaults import MAX_AGE_S
 from plancache._directory import Directory
 from plancache._keys import validate_key
 from plancache._observation import Observation
@@ -72,8 +73,6 @@ MARK_SUFFIX = ".mark"
 CRASHED_SUFFIX = ".crashed"
 MAX_MARKS = 64
 """Most files (marks and crash records) kept; past it the oldest are removed."""
-MAX_AGE_S = 7 * 86400.0
-"""Marks and crash records older than this are removed (the node forgets the crash)."""
 MAX_MARK_BYTES = 4096
 LOCK = "flock"
 """The ``lock`` field of a mark whose writer holds an ``flock`` on it while it exists."""

@@ -1,21 +1,12 @@
 """Settings from the environment, and the store they describe.
 
-- ``PLANCACHE_URL``: store URL or local path
-  (default ``{VLLM_CACHE_ROOT or ~/.cache/vllm}/startup_plan``)
-- ``PLANCACHE_TIMEOUT``: seconds a lookup or a record may take in all (default 2.0)
-- ``PLANCACHE_READ_ONLY``: never write the remote store (default 0)
-- ``PLANCACHE_LOCAL_TIER``: local tier in front of a remote store: 1, 0 or a directory
-  (default 1: the default local directory)
-- ``PLANCACHE_STORAGE_OPTIONS``: JSON object of storage options for the backend
-- ``PLANCACHE_SIGNING_KEY`` or ``PLANCACHE_SIGNING_KEY_FILE``: the key that signs what this
-  node writes; ``PLANCACHE_VERIFY_KEYS`` or ``PLANCACHE_VERIFY_KEYS_FILE``: further keys whose
-  signatures are accepted (rotation). With any key, only validly signed records are applied
-  (see ``plancache._signing``). A key variable that is set (even empty) but holds no key is a
-  ``ConfigError``, never "no signing"; ``#`` starts a comment in key files only
-  (``read_key_file``: regular files of at most ``MAX_KEY_FILE_BYTES``).
-- ``PLANCACHE_TRUST_PRECONDITIONS``: write to a remote store without the conformance probe,
-  even one found to ignore conditional writes (default 0; see
-  ``plancache._backends.guarded``)
+Each ``PLANCACHE_*`` variable is read as ``plancache._defaults`` declares it (its type,
+default and parser). The keys: ``PLANCACHE_SIGNING_KEY`` or ``PLANCACHE_SIGNING_KEY_FILE``
+sign what this node writes; ``PLANCACHE_VERIFY_KEYS`` or ``PLANCACHE_VERIFY_KEYS_FILE`` are
+further keys whose signatures are accepted (rotation). With any key, only validly signed
+records are applied (see ``plancache._signing``). A key variable that is set (even empty)
+but holds no key is a ``ConfigError``, never "no signing"; ``#`` starts a comment in key
+files only (``read_key_file``: regular files of at most ``MAX_KEY_FILE_BYTES``).
 
 fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itself.
 """
@@ -30,13 +21,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from plancache._backends import LOCAL_SCHEME, check_url, open_layer, url_scheme
-from plancache._defaults import DEFAULT_BUDGET_S, default_dir
+from plancache._defaults import (
+    DEFAULT_BUDGET_S,
+    FALSE_WORDS,
+    LOCAL_TIER,
+    READ_ONLY,
+    SIGNING_KEY,
+    STORAGE_OPTIONS,
+    TIMEOUT,
+    TRUE_WORDS,
+    TRUST_PRECONDITIONS,
+    URL,
+    VERIFY_KEYS,
+    default_dir,
+)
 from plancache._neighbours import foreign
 from plancache._objects import ObjectLayer
-from plancache._parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
 from plancache._redaction import redact, without_userinfo
 from plancache._signing import NO_KEYS, Keyring, parse_keys
 from plancache._store import PlanStore
@@ -46,18 +47,6 @@ log = logging.getLogger("plancache")
 
 MAX_KEY_FILE_BYTES = 64 * 1024
 """Largest key file read (a key of ``openssl rand -hex 32`` is 64 bytes)."""
-
-
-def parse_storage_options(text: str, source: str) -> dict[str, Any]:
-    """A JSON object of storage options from ``source`` (a variable or flag name); else
-    ``ConfigError``. The text itself is never echoed: it may hold secrets."""
-    try:
-        options = orjson.loads(text) if text.strip() else {}
-    except orjson.JSONDecodeError:
-        raise ConfigError(f"{source} is not valid JSON") from None
-    if not isinstance(options, dict):
-        raise ConfigError(f"{source} must be a JSON object")
-    return options
 
 
 def read_key_file(path: str, source: str) -> str:
@@ -122,10 +111,10 @@ def keyring_from_env(environ: Mapping[str, str] | None = None) -> Keyring:
     (``NO_KEYS`` when none is set); ``ConfigError`` naming the variable, never the key, for a
     malformed, empty or unreadable one."""
     env = os.environ if environ is None else environ
-    signing = _keys(env, "PLANCACHE_SIGNING_KEY")
+    signing = _keys(env, SIGNING_KEY.name)
     if len(signing) > 1:
         raise ConfigError(f"PLANCACHE_SIGNING_KEY holds {len(signing)} keys; it takes one")
-    verify = _keys(env, "PLANCACHE_VERIFY_KEYS")
+    verify = _keys(env, VERIFY_KEYS.name)
     if not (signing or verify):
         return NO_KEYS
     return Keyring(signing[0] if signing else None, verify)
@@ -172,12 +161,8 @@ class Settings:
         """Read the ``PLANCACHE_*`` variables; raises ``ConfigError`` naming a bad one."""
         env = os.environ if environ is None else environ
         local = str(default_dir(env))
-        url = check_url(env.get("PLANCACHE_URL") or local)
-        timeout = parse_timeout(
-            "PLANCACHE_TIMEOUT", env.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
-        )
-        read_only = parse_bool("PLANCACHE_READ_ONLY", env.get("PLANCACHE_READ_ONLY", "0"))
-        tier_value = env.get("PLANCACHE_LOCAL_TIER", "1")
+        url = check_url(URL.read(env) or local)
+        tier_value = LOCAL_TIER.read(env)
         tier: str | None = None
         if is_remote(url):
             lowered = tier_value.strip().lower()
@@ -185,15 +170,16 @@ class Settings:
                 tier = local
             elif lowered not in FALSE_WORDS:
                 tier = os.path.expanduser(tier_value)
-        options = parse_storage_options(
-            env.get("PLANCACHE_STORAGE_OPTIONS", ""), "PLANCACHE_STORAGE_OPTIONS"
+        return cls(
+            url,
+            TIMEOUT.read(env),
+            READ_ONLY.read(env),
+            tier,
+            STORAGE_OPTIONS.read(env),
+            keyring_from_env(env),
+            TRUST_PRECONDITIONS.read(env),
+            url_given=bool(URL.read(env)),
         )
-        trust = parse_bool(
-            "PLANCACHE_TRUST_PRECONDITIONS", env.get("PLANCACHE_TRUST_PRECONDITIONS", "0")
-        )
-        keyring = keyring_from_env(env)
-        given = bool(env.get("PLANCACHE_URL"))
-        return cls(url, timeout, read_only, tier, options, keyring, trust, url_given=given)
 
     def described(self) -> str:
         """The store in words, for a command's first line and a log line: its URL (without

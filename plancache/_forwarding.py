@@ -11,7 +11,8 @@ from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from plancache._objects import CREATE, STALE_TEMP_SECONDS, ObjectLayer, Opened, WriteMode
+from plancache._defaults import STALE_TEMP_SECONDS
+from plancache._objects import CREATE, ObjectLayer, Opened, WriteMode
 
 
 def beneath(layer: ObjectLayer) -> Iterator[ObjectLayer]:

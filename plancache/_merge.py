@@ -26,7 +26,7 @@ its latest retraction time; past ``MAX_TOMBSTONES`` the ones retracted longest a
 ties by digest) and removes every observation a kept tombstone names before taking the
 frontier. So a retracted observation never comes back through the merge of an older copy (a
 node's local tier, ``plancache cp`` from a stale directory) while its tombstone is kept.
-A tombstone dated more than ``MAX_CLOCK_SKEW_S`` after the merging node's clock is dropped,
+A tombstone dated more than ``TOMBSTONE_SKEW_S`` after the merging node's clock is dropped,
 never ranked (``Tombstone.believable``): a clock that far ahead, or a planted date up to year
 9999, would otherwise outrank every real retraction for good. A retraction (``retract``)
 always takes effect: its own tombstone is kept even where the record holds ``MAX_TOMBSTONES``

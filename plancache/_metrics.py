@@ -31,10 +31,12 @@ Besides, each process keeps a tally of its decisions and rebuilds (``tally``), w
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 from typing import Any
+
+from plancache._defaults import METRICS
+from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache")
 
@@ -56,8 +58,11 @@ def _metrics() -> dict[str, Any] | None:
     with _lock:
         if _made is not None or _off:
             return _made
-        if os.environ.get("PLANCACHE_METRICS", "1").strip().lower() in ("0", "false", "no"):
-            _off = True
+        try:
+            _off = not METRICS.read()
+        except ConfigError:  # never raises: a malformed value leaves them on, as before
+            _off = False
+        if _off:
             return None
         try:
             import prometheus_client as p

@@ -42,7 +42,7 @@ MOVED = {
     "plancache.inventory": "plancache._inventory.plans",
     "plancache.merge": "plancache._merge",
     "plancache.observation": "plancache._observation",
-    "plancache.parse": "plancache._parse",
+    "plancache.parse": "plancache._defaults",
     "plancache.plan": "plancache._plan",
     "plancache.probe": "plancache._probe",
     "plancache.reasons": "plancache._reasons",

@@ -44,10 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
+from plancache._defaults import STALE_TEMP_SECONDS
 from plancache.errors import MovedError
 
-STALE_TEMP_SECONDS = 3600.0
-"""Age past which a temp file of a write is a killed writer's leftover."""
 PART_BYTES = 8 << 20
 """Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
 multiples of 256 KiB)."""

@@ -13,17 +13,13 @@ from typing import Any, TypeVar
 
 import orjson
 
+from plancache._defaults import TOMBSTONE_SKEW_S
 from plancache.errors import InvalidPlanError
 
 MAX_PRODUCER_BYTES = 1024
 """Largest encoded ``producer`` of one observation."""
 MAX_CREATED_AT = 253402300799.0
 """9999-12-31T23:59:59Z: the latest ``created_at`` a record may carry (and the earliest is 0)."""
-MAX_CLOCK_SKEW_S = 86400.0
-"""Seconds a tombstone's ``retracted_at`` may lie ahead of the clock of the node that reads
-it. A later one is ignored: ``plancache._merge`` drops it, never ranks it, and a record that
-holds nothing else is invalid. (A clock that far ahead, or a planted date up to year 9999,
-would otherwise outrank every real retraction for good.)"""
 _MAX_INT = 2**63 - 1
 T = TypeVar("T")
 
@@ -157,9 +153,9 @@ class Tombstone:
         object.__setattr__(self, "retracted_at", _timestamp(self.retracted_at))
 
     def believable(self, now: float | None = None) -> bool:
-        """True unless retracted more than ``MAX_CLOCK_SKEW_S`` after ``now`` (default: the
+        """True unless retracted more than ``TOMBSTONE_SKEW_S`` after ``now`` (default: the
         current time)."""
-        return self.retracted_at <= (time.time() if now is None else now) + MAX_CLOCK_SKEW_S
+        return self.retracted_at <= (time.time() if now is None else now) + TOMBSTONE_SKEW_S
 
     @classmethod
     def of(cls, observation: Observation, retracted_at: float) -> Tombstone:

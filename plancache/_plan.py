@@ -29,7 +29,7 @@ tombstone (its digest, its ``created_at`` and when it was retracted), so that me
 copy never brings it back (see ``plancache._merge``). A record whose every observation was
 retracted keeps its tombstones and no observation: it applies nowhere, and it still removes
 the retracted observations from whatever is merged into it. Tombstones dated more than
-``MAX_CLOCK_SKEW_S`` ahead of the reader's clock are ignored (``Tombstone.believable``).
+``TOMBSTONE_SKEW_S`` ahead of the reader's clock are ignored (``Tombstone.believable``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from typing import Any, Final
 
 import orjson
 
+from plancache._defaults import TOMBSTONE_SKEW_S
 from plancache._keys import Scalar, check_scalar, checked_fingerprint, fingerprint
 from plancache._observation import (
-    MAX_CLOCK_SKEW_S,
     OBSERVATION_FIELDS,
     Observation,
     Tombstone,
@@ -401,7 +401,7 @@ class Plan:
         if not (observations or provisional or any(t.believable(now) for t in tombs)):
             raise InvalidPlanError(
                 "record holds no observation and only tombstones dated more than "
-                f"{MAX_CLOCK_SKEW_S:g} s ahead"
+                f"{TOMBSTONE_SKEW_S:g} s ahead"
             )
         return plan
 

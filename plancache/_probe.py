@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from plancache import _background as background
+from plancache._defaults import PROBE_TIMEOUT_S, STREAM_MIN_S
 from plancache._keys import plan_object_name
 from plancache._objects import CREATE, PART_BYTES, ObjectLayer, Update
 from plancache._store import READ_LIMIT
@@ -56,10 +57,6 @@ RACERS = 8
 CHECK_REQUESTS = 9 + RACERS
 """Primitive calls of steps 1-5 and ``stream-create-existing`` when every one passes (cleanup
 adds one delete per key)."""
-PROBE_TIMEOUT_S = 10.0
-"""Seconds a probe may take in all; past it, no verdict."""
-STREAM_MIN_S = 5.0
-"""Seconds of the probe's bound that must be left for ``stream-create-existing`` to run."""
 
 STEPS = {
     "create": "create-if-absent on a fresh key succeeds",

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from plancache._defaults import PUT_BUDGET_S
+from plancache._defaults import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
 from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, plan_object_name, validate_key
 from plancache._merge import covers, merge, retract
 from plancache._objects import CREATE, ObjectLayer, Update
-from plancache._objects import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
 from plancache._observation import Observation
 from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here

@@ -1,5 +1,6 @@
 """Which kinds plancache shares in this process (the vLLM plugin on or off, compile
-artifacts on or off), read from the environment (pure)."""
+artifacts on or off, Triton's cache on or off), read from the environment as
+``plancache._defaults`` declares each switch (pure)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from plancache._parse import parse_bool
+from plancache._defaults import COMPILE_CACHE, ENABLE, TRITON_CACHE, URL, parse_bool
 from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache.vllm")
@@ -18,11 +19,11 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
     ``PLANCACHE_URL`` set or ``VLLM_ENABLE_STARTUP_PLAN=1``. A malformed value: warning, off."""
     env = os.environ if environ is None else environ
     try:
-        explicit = env.get("PLANCACHE_ENABLE", "").strip()
-        if explicit:
-            return parse_bool("PLANCACHE_ENABLE", explicit)
+        explicit = ENABLE.read(env)
+        if explicit is not None:
+            return explicit
         builtin = parse_bool("VLLM_ENABLE_STARTUP_PLAN", env.get("VLLM_ENABLE_STARTUP_PLAN", "0"))
-        return bool(env.get("PLANCACHE_URL")) or builtin
+        return URL.read(env) is not None or builtin
     except ConfigError as exc:
         log.warning("plancache: vLLM plugin disabled: %s", exc)
         return False
@@ -33,8 +34,24 @@ def compile_on(environ: Mapping[str, str] | None = None) -> bool:
     ``PLANCACHE_COMPILE_CACHE`` decides when set, else ``enabled``. Raises ``ConfigError``
     for a malformed ``PLANCACHE_COMPILE_CACHE``."""
     env = os.environ if environ is None else environ
-    explicit = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
-    return parse_bool("PLANCACHE_COMPILE_CACHE", explicit) if explicit else enabled(env)
+    explicit = COMPILE_CACHE.read(env)
+    return enabled(env) if explicit is None else explicit
+
+
+def triton_on(environ: Mapping[str, str] | None = None) -> bool:
+    """True if Triton's cache is shared (``plancache.integrations.triton``):
+    ``PLANCACHE_TRITON_CACHE`` decides when set; else on where ``PLANCACHE_URL`` is set and
+    ``PLANCACHE_COMPILE_CACHE`` is not ``0`` (the vLLM plugin's own switch,
+    ``PLANCACHE_ENABLE``, is not this cache manager's). A malformed value: warning, off."""
+    env = os.environ if environ is None else environ
+    try:
+        explicit = TRITON_CACHE.read(env)
+        if explicit is not None:
+            return explicit
+        return COMPILE_CACHE.read(env) is not False and URL.read(env) is not None
+    except ConfigError as exc:
+        log.warning("plancache: Triton's cache not shared: %s", exc)
+        return False
 
 
 def compile_wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,7 +88,7 @@ def kinds(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str
     if filtered:
         off = f"VLLM_PLUGINS={plugins} filters the plugin out"
         return [(k, False, off) for k in ("plans", "compile artifacts")]
-    explicit = env.get("PLANCACHE_ENABLE", "").strip()
+    explicit = env.get(ENABLE.name, "").strip()
     plans = enabled(env)
     if plans:
         why = "PLANCACHE_ENABLE=1" if explicit else "PLANCACHE_URL or VLLM_ENABLE_STARTUP_PLAN=1"
@@ -85,7 +102,7 @@ def kinds(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str
     except ConfigError as exc:
         compiled, detail = False, f"off: {exc}"
     if not detail:
-        switch = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
+        switch = env.get(COMPILE_CACHE.name, "").strip()
         offs = (
             []
             if compiled

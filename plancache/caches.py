@@ -56,7 +56,7 @@ from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
-from plancache._redaction import without_userinfo
+from plancache._redaction import printable, without_userinfo
 from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache")
@@ -250,10 +250,15 @@ class CacheShare:
         """Install below ``cache.root`` every trusted, valid bundle of its kind and scope,
         each file create-if-absent, within ``PLANCACHE_COMPILE_TIMEOUT``: past it, whatever
         the backend does, ``timeout`` (the fetch, left on a daemon thread, installs nothing
-        more). Never raises: ``reason`` says what happened, ``known`` lists every path the
-        bundles read hold (pass it to ``push``)."""
+        more). Never raises: ``reason`` says what happened (``error``: ``cache.root`` could
+        not be made or opened), ``known`` lists every path the bundles read hold (pass it to
+        ``push``)."""
         start = time.monotonic()
-        Directory.make(cache.root).close()
+        try:
+            Directory.make(cache.root).close()
+        except OSError as exc:  # nothing can be installed there: said, not raised
+            log.warning("plancache: %s cache: not pulled: %s", cache.kind, printable(str(exc)))
+            return CacheFetched("error", seconds=time.monotonic() - start)
         stop = threading.Event()
         job = background.start(
             functools.partial(

@@ -1,8 +1,11 @@
 """Every exception plancache raises on purpose, in one flat family (pure).
 
-Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches all of them,
-and every one is defined here (backends' internal signals, translated into
-``PlanStoreError`` before they leave the backend, derive from it too).
+Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches all of them.
+The public ones are defined here; a few private refinements are defined beside the code that
+raises them and derive from one of these: the fetch's ``TimedOut`` and ``TooSlow``, the trust
+rule's ``Refused`` and ``Unvouched``, the bounded reader's ``Unreadable``, ``OddFileError``
+of a neighbour's file, and internal signals translated before they leave their module (the
+backends' ``ResponseTooLargeError`` and ``GCSStatusError``, the probe's ``_Decided``).
 All store failures are ``PlanStoreError`` subclasses that keep their ``cause``; bad input is
 a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``).
 The 0.1.0 names without the ``Error`` suffix still resolve, with a ``DeprecationWarning``,

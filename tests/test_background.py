@@ -26,11 +26,9 @@ def test_a_job_gives_its_result_or_its_exception() -> None:
 def test_a_wait_is_bounded() -> None:
     release = threading.Event()
     job = background.start(lambda: release.wait(5))
-    start = time.monotonic()
     with pytest.raises(JobTimeout):
         job.wait(0.1)
-    assert not job.join(0.0) and not job.done()
-    assert time.monotonic() - start < 2.0
+    assert not job.join(0.0) and not job.done()  # the wait ended before the job: its bound
     release.set()
     assert job.wait(5) is True
 

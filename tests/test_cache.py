@@ -19,20 +19,22 @@ from plancache._store import PlanStore
 from plancache.testing import FACTORS, GiB, make_plan
 
 
-class SlowStore(PlanStore):
-    """Plans in a local directory whose reads and writes first sleep (a store that stopped
-    answering)."""
+class StalledStore(PlanStore):
+    """Plans in a local directory whose reads and writes wait until ``release`` is set (a
+    store that stopped answering), counting the calls that began."""
 
-    def __init__(self, root: Path, delay: float) -> None:
+    def __init__(self, root: Path) -> None:
         super().__init__(LocalStore(root))
-        self.delay = delay
+        self.release, self.calls = threading.Event(), 0
 
     def _read(self, fp: str) -> tuple[bytes, object] | None:
-        time.sleep(self.delay)
+        self.calls += 1
+        self.release.wait(30)
         return super()._read(fp)
 
     def _create(self, fp: str, data: bytes) -> bool:
-        time.sleep(self.delay)
+        self.calls += 1
+        self.release.wait(30)
         return super()._create(fp, data)
 
 
@@ -141,30 +143,38 @@ def test_store_failures_are_misses(tmp_path: Path, exc: BaseException, reason: s
 
 
 def test_a_store_that_stalls_is_cut_off_at_the_budget(tmp_path: Path) -> None:
-    cache = PlanCache(SlowStore(tmp_path, delay=3.0), timeout=0.3)
-    start = time.monotonic()
-    d = cache.lookup(FACTORS, 80 * GiB)
-    r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
-    elapsed = time.monotonic() - start
-    assert (d.reason, r.reason) == ("timeout", "timeout")
-    # each call waits its 0.3 s budget, never the 3 s stall (loose: a loaded machine is slow)
-    assert 0.6 <= elapsed < 2.5
-    assert 0.3 <= d.seconds < 2.0
+    store = StalledStore(tmp_path)
+    cache = PlanCache(store, timeout=0.3)
+    try:
+        start = time.monotonic()
+        d = cache.lookup(FACTORS, 80 * GiB)
+        r = cache.record(FACTORS, kv_cache_memory_bytes=1, free_memory_baseline=2)
+        elapsed = time.monotonic() - start
+        # both returned while the store still stalled (a count, not a clock): the budget
+        # cut each off, and each waited its budget out
+        assert not store.release.is_set() and store.calls == 2
+        assert (d.reason, r.reason) == ("timeout", "timeout")
+        assert elapsed >= 0.6 and d.seconds >= 0.3
+    finally:
+        store.release.set()
 
 
 def test_store_factory_is_opened_lazily_and_within_budget(tmp_path: Path) -> None:
-    calls = []
+    calls, release = [], threading.Event()
 
     def slow_factory() -> PlanStore:
         calls.append(1)
-        time.sleep(2.0)
+        release.wait(30)  # an open that does not end until the test lets it
         return PlanStore(LocalStore(tmp_path))
 
     cache = PlanCache(slow_factory, timeout=0.2)
     assert calls == []
-    start = time.monotonic()
-    assert cache.lookup(FACTORS, 1).reason == "timeout"
-    assert time.monotonic() - start < 1.5  # the 0.2 s budget, not the 2 s open
+    try:
+        d = cache.lookup(FACTORS, 1)
+        assert not release.is_set()  # it returned while the open still hung: the budget cut it
+        assert d.reason == "timeout" and calls == [1]
+    finally:
+        release.set()
 
 
 def test_from_env_uses_the_configured_directory(tmp_path: Path) -> None:
@@ -196,12 +206,15 @@ def test_warm_opens_the_store_in_the_background(tmp_path: Path) -> None:
 
 
 def test_warm_never_raises(tmp_path: Path) -> None:
+    tried = threading.Event()
+
     def broken() -> PlanStore:
+        tried.set()
         raise PlanStoreError("no such bucket")
 
     cache = PlanCache(broken, timeout=0.5)
     cache.warm()
-    time.sleep(0.05)
+    assert tried.wait(10)  # the open failed on the warm-up's thread, raising nothing here
     assert cache.lookup(FACTORS, 1).reason == "store-error"
 
 
@@ -294,10 +307,14 @@ def test_what_to_avoid_can_be_worked_out_in_the_lookups_thread(store: PlanStore)
     failed = cache.start_lookup(FACTORS, 80 * GiB, avoid=broken).result(5)
     assert failed.reason == "error" and "marks directory unreadable" in failed.detail
 
+    release = threading.Event()
+
     def stalled(key: str) -> set[str]:
-        time.sleep(3)
+        release.wait(30)
         return set()
 
-    start = time.monotonic()
-    assert cache.start_lookup(FACTORS, 80 * GiB, avoid=stalled).result(0.3).reason == "timeout"
-    assert time.monotonic() - start < 2.0
+    try:
+        late = cache.start_lookup(FACTORS, 80 * GiB, avoid=stalled).result(0.3)
+        assert late.reason == "timeout" and not release.is_set()  # cut off while it stalled
+    finally:
+        release.set()

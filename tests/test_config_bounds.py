@@ -83,7 +83,7 @@ def test_a_key_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, k
     assert out.returncode == 0, out.stderr[-2000:]
     message, seconds = out.stdout.splitlines()
     assert message == f"cannot read PLANCACHE_SIGNING_KEY_FILE {str(path)!r}: not a regular file"
-    assert float(seconds.split()[0]) < 5
+    assert float(seconds.split()[0]) < 20  # a FIFO waited on, or /dev/zero read, never ends
 
 
 def test_a_key_file_is_read_up_to_its_cap(tmp_path: Path) -> None:

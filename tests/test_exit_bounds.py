@@ -140,15 +140,28 @@ def plancache(
     return result.stderr, seconds
 
 
-def test_a_command_ends_on_time_when_dns_never_answers(silent_dns: Wrap) -> None:
+SLACK_S = 2.0
+"""What a command may take past its bound beyond the start-up measured in the same run
+(``startup``): scheduling on a loaded machine, the imports of a remote backend."""
+
+
+@pytest.fixture(scope="module")
+def startup() -> float:
+    """Seconds a command that fails at once takes here, now: the interpreter's start-up, the
+    imports and the exit, measured under the same load as the commands it is subtracted from
+    (the slowest of three)."""
+    return max(plancache("fingerprint", "/nonexistent/factors.json")[1] for _ in range(3))
+
+
+def test_a_command_ends_on_time_when_dns_never_answers(silent_dns: Wrap, startup: float) -> None:
     options = json.dumps(_options("s3", BLACK_HOLE))
     error, seconds = plancache("ls", "s3://bucket/p", "--storage-options", options, wrap=silent_dns)
     assert "list: no answer within 3 s" in error
-    assert seconds < 6.0, f"took {seconds:.1f} s"
+    assert seconds - startup < 3.0 + SLACK_S, f"took {seconds:.1f} s, {startup:.1f} s to start"
     args = ("--timeout", "1", "ls", "s3://bucket/p", "--storage-options", options)
     error, seconds = plancache(*args, wrap=silent_dns)
     assert error == "plancache: error: ls: not done within 1 s\n"
-    assert seconds < 4.0, f"took {seconds:.1f} s"
+    assert seconds - startup < 1.0 + SLACK_S, f"took {seconds:.1f} s, {startup:.1f} s to start"
 
 
 def _stuck_reads(n: int, release: threading.Event) -> Callable[[str, str, bytes], Reply]:
@@ -173,7 +186,7 @@ def _stuck_reads(n: int, release: threading.Event) -> Callable[[str, str, bytes]
     return respond
 
 
-def test_timeout_bounds_a_whole_command() -> None:
+def test_timeout_bounds_a_whole_command(startup: float) -> None:
     release = threading.Event()
     with ScriptedServer(_stuck_reads(64, release)) as server:
         options = json.dumps(_options("s3", server.endpoint))
@@ -184,10 +197,10 @@ def test_timeout_bounds_a_whole_command() -> None:
         finally:
             release.set()
     assert error == "plancache: error: ls: not done within 2 s\n"
-    assert seconds < 5.0, f"took {seconds:.1f} s"
+    assert seconds - startup < 2.0 + SLACK_S, f"took {seconds:.1f} s, {startup:.1f} s to start"
 
 
-def test_opening_a_remote_store_is_bounded_in_a_command(tmp_path: Path) -> None:
+def test_opening_a_remote_store_is_bounded_in_a_command(tmp_path: Path, startup: float) -> None:
     base = {k: v for k, v in child_env().items() if "PROXY" not in k.upper()}
     with SilentServer() as silent:  # gcsfs checks a raw token over HTTPS, here through it
         env = {**base, "HTTPS_PROXY": silent.endpoint}
@@ -196,11 +209,11 @@ def test_opening_a_remote_store_is_bounded_in_a_command(tmp_path: Path) -> None:
             "ls", "gs://bucket/p", "--storage-options", json.dumps(options), env=env
         )
     assert "gs://bucket/p: open: the client did not open within 5 s" in error
-    assert seconds < 8.0, f"took {seconds:.1f} s"
+    assert seconds - startup < 5.0 + SLACK_S, f"took {seconds:.1f} s, {startup:.1f} s to start"
 
     # no credentials anywhere: how long discovery takes depends on the machine, the
     # command's does not
     env = {k: v for k, v in base.items() if not k.startswith(("GOOGLE_", "GCE_", "CLOUDSDK_"))}
     env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"))
     _, seconds = plancache("ls", "gs://bucket/p", env=env)
-    assert seconds < 8.0, f"took {seconds:.1f} s"
+    assert seconds - startup < 5.0 + SLACK_S, f"took {seconds:.1f} s, {startup:.1f} s to start"

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from plancache._defaults import TOMBSTONE_SKEW_S
 from plancache._gate import gate
 from plancache._merge import covers, dominates, frontier, merge, merge_labels, retract, tombstones
-from plancache._observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Observation, Tombstone
+from plancache._observation import MAX_CREATED_AT, Observation, Tombstone
 from plancache._plan import MAX_OBSERVATIONS, MAX_TOMBSTONES, Plan
 from plancache.errors import InvalidPlanError
 from plancache.testing import FACTORS, GiB
@@ -161,7 +162,7 @@ def make_fp() -> str:
 pool = st.lists(observations, min_size=1, max_size=8, unique_by=lambda o: o.digest)
 times = st.sampled_from([10.0, 20.0, 30.0])
 NOW = 1000.0
-HORIZON = NOW + MAX_CLOCK_SKEW_S
+HORIZON = NOW + TOMBSTONE_SKEW_S
 dated = st.sampled_from([10.0, 20.0, NOW + 3600.0, HORIZON + 1.0, MAX_CREATED_AT])
 """Retraction times up to year 9999, some past the skew bound of a node reading at ``NOW``."""
 
@@ -270,7 +271,7 @@ def test_a_retraction_keeps_its_tombstone_past_others_that_rank_higher(ahead: fl
     after = retract(plan, bad, NOW, now=NOW)
     assert after.observations == (good,)
     assert Tombstone.of(bad, NOW) in after.retracted
-    assert len(after.retracted) == (1 if ahead > MAX_CLOCK_SKEW_S else MAX_TOMBSTONES)
+    assert len(after.retracted) == (1 if ahead > TOMBSTONE_SKEW_S else MAX_TOMBSTONES)
     stale = Plan(make_fp(), FACTORS, (good, bad))  # a copy from before: cannot undo it
     assert merge(after, stale, now=NOW) == merge(stale, after, now=NOW) == after
 

@@ -125,7 +125,11 @@ def test_a_store_that_does_not_answer_costs_at_most_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with SilentServer() as silent:
-        options = json.dumps({"endpoint_url": silent.endpoint, "key": "k", "secret": "s"})
+        # the store's own call bound (30 s) far above the 0.5 s budget: only the budget can
+        # end the wait in under half of it
+        options = json.dumps(
+            {"endpoint_url": silent.endpoint, "key": "k", "secret": "s", "timeout": 30}
+        )
         _env(
             monkeypatch,
             "s3://silent/prefix",
@@ -141,7 +145,7 @@ def test_a_store_that_does_not_answer_costs_at_most_the_budget(
         start = time.monotonic()
         info, inspected = inspect(module)
         assert inspected and info  # vLLM inspects as if plancache were absent
-        assert time.monotonic() - start < 1.5  # the 0.5 s budget, and no more
+        assert time.monotonic() - start < 30 / 2  # the 0.5 s budget, not the store's bound
 
 
 @pytest.mark.usefixtures("node")

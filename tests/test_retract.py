@@ -13,8 +13,9 @@ import pytest
 from plancache import PlanCache, PlanStore, PutOutcome, open_store
 from plancache._backends.local import LocalStore
 from plancache._backends.tiered import TieredStore
+from plancache._defaults import TOMBSTONE_SKEW_S
 from plancache._inventory.plans import copy, prune
-from plancache._observation import MAX_CLOCK_SKEW_S, MAX_CREATED_AT, Tombstone
+from plancache._observation import MAX_CREATED_AT, Tombstone
 from plancache._plan import MAX_TOMBSTONES, Plan
 from plancache._store import Retraction
 from plancache.testing import FACTORS, GiB, make_plan
@@ -96,7 +97,7 @@ def test_a_retraction_takes_effect_whatever_tombstones_the_record_holds(
 ) -> None:
     """32 tombstones dated in year 9999 (past the skew bound: dropped) or half a day ahead
     (within it: they outrank the retraction, and the lowest-ranked one makes room)."""
-    dated = MAX_CREATED_AT if far else time.time() + MAX_CLOCK_SKEW_S / 2
+    dated = MAX_CREATED_AT if far else time.time() + TOMBSTONE_SKEW_S / 2
     assert store.put(planted(dated)) is PutOutcome.CREATED
     bad = BAD.observations[0]
     caplog.set_level(logging.INFO, logger="plancache")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plancache._switches import kinds
+from plancache._switches import kinds, triton_on
 
 ON = {"PLANCACHE_URL": "s3://b/p"}
 
@@ -31,3 +31,22 @@ def test_every_off_switch_is_named(
     assert (p_kind, c_kind) == ("plans", "compile artifacts")
     assert (p_on, c_on) == (plans, compiled), (p_why, c_why)
     assert named in (c_why if plans else p_why + c_why)
+
+
+@pytest.mark.parametrize(
+    ("env", "on"),
+    [
+        ({}, False),
+        (ON, True),
+        ({**ON, "PLANCACHE_TRITON_CACHE": "0"}, False),
+        ({"PLANCACHE_TRITON_CACHE": "1"}, True),
+        ({**ON, "PLANCACHE_COMPILE_CACHE": "0"}, False),
+        ({**ON, "PLANCACHE_COMPILE_CACHE": "0", "PLANCACHE_TRITON_CACHE": "1"}, True),
+        ({**ON, "PLANCACHE_ENABLE": "0"}, True),  # the vLLM plugin's switch, not Triton's
+        ({**ON, "PLANCACHE_URL": ""}, False),
+        ({**ON, "PLANCACHE_TRITON_CACHE": "maybe"}, False),
+        ({**ON, "PLANCACHE_COMPILE_CACHE": "maybe"}, False),
+    ],
+)
+def test_triton_cache_switch(env: dict[str, str], on: bool) -> None:
+    assert triton_on(env) is on

@@ -46,6 +46,7 @@ from plancache._artifacts.manifest import (
 )
 from plancache._artifacts.packing import BLOCK, CHUNK
 from plancache._artifacts.trust import Refused, refused
+from plancache._defaults import STALE_INSTALL_S
 from plancache._directory import Below, Directory
 from plancache._neighbours import OddFileError
 from plancache._signing import NO_KEYS, Keyring
@@ -61,9 +62,6 @@ MAX_EXTENDED_BYTES = MAX_PATH_CHARS + 16
 INSTALLED_MANIFEST = ".plancache-manifest.json"
 """A copy of the manifest kept in an installed rank directory (names what was installed)."""
 TEMP_PREFIX = ".plancache-tmp-"
-STALE_INSTALL_S = 3600.0
-"""Age past which an install's temp directory is a killed boot's leftover (a live install
-takes seconds to minutes)."""
 
 
 class _Stream:

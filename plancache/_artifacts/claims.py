@@ -22,15 +22,11 @@ from dataclasses import dataclass
 
 import orjson
 
+from plancache._defaults import CLAIM_BASE_S, CLAIM_BYTES_PER_S, CLOCK_SKEW_S
 from plancache._objects import ObjectLayer, Update
 from plancache.errors import PlanStoreError
 
 CLAIM_SUFFIX = ".claim"
-CLAIM_BASE_S = 120.0
-CLAIM_BYTES_PER_S = float(1 << 20)
-"""A claim lasts ``CLAIM_BASE_S`` plus the object's size at this rate (a slow uplink)."""
-CLAIM_SKEW_S = 300.0
-"""How far ahead of this node's clock another node's may run."""
 CLAIM_LIMIT = 4096
 """A claim is read up to this many bytes."""
 
@@ -42,8 +38,8 @@ def longest(size: int) -> float:
 
 def believable(until: float, now: float, size: int) -> bool:
     """Whether a claim lasting to ``until`` could have been written by a node claiming an
-    object of up to twice ``size`` bytes, with its clock up to ``CLAIM_SKEW_S`` ahead."""
-    return until <= now + longest(2 * size) + CLAIM_SKEW_S
+    object of up to twice ``size`` bytes, with its clock up to ``CLOCK_SKEW_S`` ahead."""
+    return until <= now + longest(2 * size) + CLOCK_SKEW_S
 
 
 def _until(data: bytes) -> float:

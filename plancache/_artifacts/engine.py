@@ -54,17 +54,22 @@ from plancache._artifacts.pacing import TimedOut, TooSlow
 from plancache._artifacts.trust import Refused, Trust, warn_foreign
 from plancache._background import Job
 from plancache._config import Settings, is_remote
+from plancache._defaults import (
+    COMPILE_EXIT_WAIT,
+    COMPILE_MAX_BYTES,
+    COMPILE_TIMEOUT,
+    COMPILE_TRUST_UNSIGNED,
+    DEFAULT_EXIT_WAIT_S,
+    DEFAULT_FETCH_S,
+)
 from plancache._objects import ObjectLayer, Opened
-from plancache._parse import parse_bool, parse_timeout
 from plancache._redaction import printable
 from plancache._store import PlanStore
-from plancache.errors import ArtifactError, ConfigError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.errors import ArtifactError, PlanStoreError, PlanStoreReadOnlyError
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
 
-DEFAULT_FETCH_S = 60.0
-DEFAULT_EXIT_WAIT_S = 30.0
 INSTALLED = ("hit", "present")
 """The reasons of a read that found what it looked for."""
 
@@ -85,24 +90,12 @@ class CompileSettings:
         from plancache._switches import compile_on
 
         env = os.environ if environ is None else environ
-        on = compile_on(env)
-        size = env.get("PLANCACHE_COMPILE_MAX_BYTES", str(DEFAULT_MAX_BYTES)).strip()
-        if not size.isdigit() or int(size) <= 0:
-            raise ConfigError(f"PLANCACHE_COMPILE_MAX_BYTES={size!r}: expected bytes (> 0)")
         return cls(
-            on,
-            parse_bool(
-                "PLANCACHE_COMPILE_TRUST_UNSIGNED", env.get("PLANCACHE_COMPILE_TRUST_UNSIGNED", "0")
-            ),
-            int(size),
-            parse_timeout(
-                "PLANCACHE_COMPILE_TIMEOUT",
-                env.get("PLANCACHE_COMPILE_TIMEOUT", str(DEFAULT_FETCH_S)),
-            ),
-            parse_timeout(
-                "PLANCACHE_COMPILE_EXIT_WAIT",
-                env.get("PLANCACHE_COMPILE_EXIT_WAIT", str(DEFAULT_EXIT_WAIT_S)),
-            ),
+            compile_on(env),
+            COMPILE_TRUST_UNSIGNED.read(env),
+            COMPILE_MAX_BYTES.read(env),
+            COMPILE_TIMEOUT.read(env),
+            COMPILE_EXIT_WAIT.read(env),
         )
 
 

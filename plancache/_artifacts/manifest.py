@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from plancache._defaults import COMPILE_MAX_BYTES
 from plancache._neighbours import MAX_DEPTH
 from plancache._plan import Signature
 from plancache._signing import NO_KEYS, Keyring, SignatureVerdict
@@ -48,16 +49,17 @@ ENTRY_BYTES = 128
 """A manifest entry's bytes besides its path (JSON keys, size, digest, mode), rounded up."""
 FILES_ROOM = MAX_MANIFEST_BYTES - (64 << 10)
 """Bytes of a manifest its entries may take (the rest: its other fields)."""
-DEFAULT_MAX_BYTES = 4 << 30
+DEFAULT_MAX_BYTES: int = COMPILE_MAX_BYTES.default
 """Default cap on an artifact's total file size (``PLANCACHE_COMPILE_MAX_BYTES``)."""
 INDUCTOR_DIR = "inductor_cache"
 MODES = (0o644, 0o755)
 NAME_PREFIX = "compile_artifact_"
 NAME_SUFFIX = ".tar"
 COMPILE = "compile"
-CACHE_KINDS = ("inductor", "triton", "deep_gemm", "flashinfer_autotune")
-"""The cache bundles' kinds the vLLM plugin shares (``plancache.integrations.vllm.caches``);
-any name ``CACHE_KIND`` matches is a kind (``plancache.caches``)."""
+CACHE_KINDS = ("inductor", "triton", "flashinfer_autotune")
+"""The cache bundles' kinds the vLLM plugin shares (``plancache.integrations.vllm.caches``;
+DeepGEMM's JIT cache is left out, docs/compile.md says why); any name ``CACHE_KIND`` matches
+is a kind (``plancache.caches``)."""
 CACHE_KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 """A cache kind's name: lowercase letters, digits and ``_`` (not ``compile``)."""
 CACHE_PREFIX = "cache_"

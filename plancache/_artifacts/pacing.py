@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from plancache._artifacts.manifest import Manifest, Readable
 from plancache._background import Job
+from plancache._defaults import FIRST_ANSWER_S, JOIN_S, MIN_PACE_S, POLL_S
 from plancache.errors import ArtifactError
 
 R = TypeVar("R")
@@ -45,10 +46,6 @@ class _Deadline:
         if self.cancelled():
             raise TimedOut("the boot stopped waiting for it")
         return self.inner.read(n)
-
-
-MIN_PACE_S = 1.0
-"""Seconds a fetch streams before its pace may give it up (a rate needs a sample)."""
 
 
 class _Pace:
@@ -85,16 +82,6 @@ class _Pace:
             )
 
 
-JOIN_S = 1.0
-"""Seconds a boot at its first forward still waits for a fetch that has not begun to stream
-an accepted artifact: a store that did not answer while the weights loaded is not waited
-for (one that streams is, until the pace or the deadline gives up)."""
-FIRST_ANSWER_S = 5.0
-"""Seconds from a fetch's start that a store has to begin streaming, however quickly the
-weights loaded (a tiny model reaches its first forward at once)."""
-_POLL_S = 0.05
-
-
 def join_fetch(
     job: Job[Any],
     deadline: float,
@@ -115,5 +102,5 @@ def join_fetch(
         if left <= 0:
             cancelled.set()
             return False
-        job.join(min(left, _POLL_S))
+        job.join(min(left, POLL_S))
     return True

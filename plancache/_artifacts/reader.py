@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from plancache._backends.verdicts import CLOCK_SKEW_S
+from plancache._defaults import CLOCK_SKEW_S
 from plancache._objects import ObjectLayer, Opened
 from plancache._redaction import printable
 from plancache.errors import InvalidPlanError, PlanStoreError, UnreadableHereError

@@ -15,8 +15,6 @@ from plancache._artifacts.bundles import CacheBundles
 from plancache._artifacts.compiled import CompileArtifacts
 from plancache._artifacts.compiled import artifact_id as artifact_id
 from plancache._artifacts.compiled import as_observation as as_observation
-from plancache._artifacts.engine import DEFAULT_EXIT_WAIT_S as DEFAULT_EXIT_WAIT_S
-from plancache._artifacts.engine import DEFAULT_FETCH_S as DEFAULT_FETCH_S
 from plancache._artifacts.engine import CompileSettings as CompileSettings
 from plancache._artifacts.engine import Engine
 from plancache._artifacts.engine import Fetched as Fetched
@@ -24,6 +22,8 @@ from plancache._artifacts.engine import Uploads as Uploads
 from plancache._artifacts.modelinfo import ModelInfoKind
 from plancache._artifacts.reports import ReportKind
 from plancache._config import Settings
+from plancache._defaults import DEFAULT_EXIT_WAIT_S as DEFAULT_EXIT_WAIT_S
+from plancache._defaults import DEFAULT_FETCH_S as DEFAULT_FETCH_S
 from plancache._store import PlanStore
 
 # The names above, re-exported, are those of 0.3.0's ``plancache.artifacts.share`` (whose

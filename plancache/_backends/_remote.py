@@ -38,7 +38,7 @@ from fsspec.exceptions import FSTimeoutError
 
 from plancache import _background as background
 from plancache import _metrics as metrics
-from plancache._defaults import MAX_SECONDS
+from plancache._defaults import CALL_S, CONNECT_S, MAX_SECONDS, READ_S
 from plancache._objects import ObjectLayer, check_name
 from plancache._redaction import MIN_SECRET_LENGTH, redact, scrub_exception, secret_values
 from plancache.errors import (
@@ -78,10 +78,10 @@ class CallTimeouts:
     ``retries`` extra attempts after a transport or server error, ``total`` for the whole
     call. (The lookup/record budget of ``PlanCache`` bounds a boot's calls together.)"""
 
-    connect: float = 0.5
-    read: float = 1.0
+    connect: float = CONNECT_S
+    read: float = READ_S
     retries: int = 1
-    total: float = 3.0
+    total: float = CALL_S
 
     #: storage option -> field; these options are plancache's, not the client library's
     OPTIONS: ClassVar[Mapping[str, str]] = {
@@ -147,11 +147,6 @@ async def read_bounded(read: Callable[[int], Awaitable[bytes]], limit: int) -> b
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-UPLOAD_CALL_S = 120.0
-"""Bound on one part of a streamed write (the call bound, ``CallTimeouts.total``, is sized
-for small records)."""
 
 
 class StreamReader:

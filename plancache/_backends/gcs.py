@@ -38,13 +38,13 @@ from google.auth.exceptions import GoogleAuthError
 from plancache._backends._remote import (
     BODY_LIMIT,
     ERROR_BODY_LIMIT,
-    UPLOAD_CALL_S,
     RemoteStore,
     ResponseTooLargeError,
     StreamReader,
     client_option_names,
     read_bounded,
 )
+from plancache._defaults import UPLOAD_CALL_S
 from plancache._objects import CREATE, Opened, Update, WriteMode, parts
 from plancache._redaction import scrub, scrub_exception
 from plancache._store import CONTENT_TYPE

@@ -62,12 +62,10 @@ import orjson
 from plancache import _background as background
 from plancache._backends import open_layer
 from plancache._backends.verdicts import (
-    CLOCK_SKEW_S,
     KEPT,
     SHARED_LIMIT,
     SHARED_VERDICT,
     UNREADABLE,
-    VERDICT_TTL_S,
     VERDICTS_DIR,
     VerdictCache,
     detail,
@@ -76,9 +74,19 @@ from plancache._backends.verdicts import (
     share,
 )
 from plancache._background import Job
+from plancache._defaults import (
+    BACKOFF_S,
+    CLOCK_SKEW_S,
+    PROBE_JITTER_S,
+    PROBE_TIMEOUT_S,
+    RETRY_MIN_S,
+    RETRY_S,
+    VERDICT_TTL_S,
+    WRITE_PATIENCE_S,
+)
 from plancache._forwarding import ForwardingLayer
 from plancache._objects import CREATE, ObjectLayer, WriteMode
-from plancache._probe import PROBE_TIMEOUT_S, ProbeResult, StoreVerdict, probe
+from plancache._probe import ProbeResult, StoreVerdict, probe
 from plancache._redaction import scrub
 from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import PlanStoreError, PlanStoreReadOnlyError, PlanStoreUnavailableError
@@ -86,19 +94,9 @@ from plancache.errors import StoreIgnoresPreconditionsError as StoreIgnoresPreco
 
 log = logging.getLogger("plancache")
 
-PROBE_JITTER_S = 2.0
-"""Most seconds a probe started when a store is warmed waits first (spread over a rollout)."""
 PROBE_ATTEMPTS = 3
-BACKOFF_S = 0.5
-"""A probe without a verdict (a timeout, HTTP 503 SlowDown, 429) is tried again, up to
-``PROBE_ATTEMPTS`` in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
-RETRY_S = 60.0
-"""Most seconds before a write probes again after ``unknown``; seconds after ``read-only``."""
-RETRY_MIN_S = 10.0
-"""Most seconds before a write probes again after a first ``unknown`` (jittered down to half,
-doubling at each one in a row; see the module)."""
-WRITE_PATIENCE_S = 300.0
-"""Seconds a write through ``open_guarded``'s store waits for a verdict (see the module)."""
+"""A probe without a verdict (a timeout, HTTP 503 SlowDown, 429) is tried again, up to this
+many in all, after about ``BACKOFF_S`` doubling each time, within its bound."""
 MAX_WAITS = 16
 """Most probes one write waits for."""
 TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"

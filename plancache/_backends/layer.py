@@ -39,9 +39,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
+from plancache._defaults import STALE_TEMP_SECONDS
 from plancache._objects import (
     CREATE,
-    STALE_TEMP_SECONDS,
     ObjectLayer,
     Opened,
     WriteMode,

@@ -19,13 +19,11 @@ from typing import Generic, Protocol, TypeVar
 
 from plancache import _background as background
 from plancache._background import Job, JobTimeout
+from plancache._defaults import OPEN_TIMEOUT_S
 from plancache._forwarding import ForwardingLayer
 from plancache._objects import ObjectLayer
 from plancache._redaction import without_userinfo
 from plancache.errors import PlanStoreUnavailableError
-
-OPEN_TIMEOUT_S = 5.0
-"""Seconds a use of a ``LazyStore`` waits at most for its store to open."""
 
 
 class Warmable(Protocol):

@@ -38,12 +38,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from plancache._defaults import default_dir
+from plancache._defaults import STALE_TEMP_SECONDS, default_dir
 from plancache._directory import Directory
 from plancache._neighbours import NO_FOLLOW, foreign, kind
 from plancache._objects import (
     CREATE,
-    STALE_TEMP_SECONDS,
     ObjectLayer,
     Opened,
     Update,

@@ -50,13 +50,13 @@ from botocore.exceptions import (
 from plancache._backends._remote import (
     BODY_LIMIT,
     ERROR_BODY_LIMIT,
-    UPLOAD_CALL_S,
     RemoteStore,
     ResponseTooLargeError,
     StreamReader,
     client_option_names,
     read_bounded,
 )
+from plancache._defaults import UPLOAD_CALL_S
 from plancache._objects import CREATE, Opened, Update, WriteMode, parts
 from plancache._store import CONTENT_TYPE
 from plancache.errors import (

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from plancache._defaults import VERDICT_TTL_S
 from plancache._directory import Directory
 from plancache._neighbours import OddFileError, read_file
 from plancache._objects import CREATE, ObjectLayer, Update
@@ -30,14 +31,10 @@ log = logging.getLogger("plancache")
 
 VERDICTS_DIR = "conformance"
 """The subdirectory of the local directory that holds cached verdicts."""
-VERDICT_TTL_S = 86400.0
-"""Seconds an ``honest`` or ``lies`` verdict is trusted before the store is probed again."""
 SHARED_VERDICT = "verdict.json"
 """The object, under the probe prefix, that holds the last prober's verdict for every node."""
 SHARED_LIMIT = 4096
 """Most bytes read of a shared verdict."""
-CLOCK_SKEW_S = 300.0
-"""Seconds a shared verdict may be dated in the future (another node's clock)."""
 KEPT = (StoreVerdict.HONEST, StoreVerdict.LIES)
 
 

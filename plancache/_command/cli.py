@@ -7,7 +7,7 @@ This module parses the arguments, runs the subcommand they name (``reading``: ``
 ``plancache: error: ...``, and exit status 2; ``--debug`` adds the traceback (secrets and
 keys masked).
 
-A whole command is bounded by ``--timeout`` (default ``DEFAULT_TIMEOUT_S``): past it, one
+A whole command is bounded by ``--timeout`` (default ``MAX_SECONDS``): past it, one
 error line and exit 2, whatever a call is stuck in; the executable then exits at once,
 without waiting for the threads such a call left behind. ``run`` is the exception: it runs
 in the main thread (it handles signals), for as long as its program runs, and its own parts
@@ -34,9 +34,7 @@ from plancache._command.fingerprint import cmd_fingerprint
 from plancache._command.maintenance import cmd_cp, cmd_prune, cmd_rm, cmd_verify
 from plancache._command.reading import SORT_KEYS, cmd_ls, cmd_show, cmd_stats
 from plancache._command.run import add_run_command
-from plancache._config import parse_storage_options
-from plancache._defaults import MAX_SECONDS
-from plancache._parse import parse_seconds
+from plancache._defaults import MAX_SECONDS, STORAGE_OPTIONS, parse_seconds, parse_storage_options
 from plancache._redaction import scrub, secret_values, without_userinfo
 from plancache._version import __version__
 from plancache.errors import CliError, ConfigError, PlanStoreError
@@ -45,9 +43,6 @@ EXPECTED_ERRORS = (PlanStoreError, ValueError, OSError)
 """Failures whose message alone is the error line (ConfigError and InvalidPlanError are
 ValueErrors); the line of any other names the exception's type too. Every failure exits 2."""
 
-DEFAULT_TIMEOUT_S = MAX_SECONDS
-"""Seconds a command may take in all unless ``--timeout`` says otherwise: the longest bound
-of a single call (a whole listing, ``RemoteStore.list_timeout``)."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -55,7 +50,7 @@ _OPTION_ARGS = ("storage_options", "src_opts", "dst_opts")
 _DEBUG_HELP = "show the traceback of an error"
 _TIMEOUT_HELP = (
     f"most time the whole command may take: seconds, or 90s, 10m (at most {MAX_SECONDS:g}; "
-    f"default: {DEFAULT_TIMEOUT_S:g})"
+    f"default: {MAX_SECONDS:g})"
 )
 _OPTIONS_HELP = "storage options as a JSON object (default: $PLANCACHE_STORAGE_OPTIONS)"
 _URL_HELP = "store URL or local path (default: $PLANCACHE_URL)"
@@ -113,9 +108,9 @@ def _positive(text: str) -> int:
 
 def parse_timeout_argument(text: str) -> float:
     """The ``--timeout`` argument: ``90``, ``90s`` or ``10m`` as seconds in the range of every
-    time setting (``plancache._parse.parse_seconds``: at most ``MAX_SECONDS``); argparse type,
+    time setting (``plancache._defaults.parse_seconds``: at most ``MAX_SECONDS``); argparse type,
     so that anything else (``nan``, ``inf``, ``0``, ``1e10``) is a usage error. Unlike
-    ``plancache._parse.parse_timeout`` (a variable's value: seconds only, ``ConfigError``),
+    ``plancache._defaults.parse_timeout`` (a variable's value: seconds only, ``ConfigError``),
     it takes a unit."""
     number = text
     with contextlib.suppress(argparse.ArgumentTypeError):
@@ -129,7 +124,7 @@ def parse_timeout_argument(text: str) -> float:
 def _scrub(message: str, args: argparse.Namespace) -> str:
     """``message`` with every secret of the command's storage options, and every key it
     read, masked."""
-    texts = [os.environ.get("PLANCACHE_STORAGE_OPTIONS")]
+    texts = [os.environ.get(STORAGE_OPTIONS.name)]
     texts += [getattr(args, name, None) for name in _OPTION_ARGS]
     secrets: list[str] = []
     for text in filter(None, texts):
@@ -153,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         type=parse_timeout_argument,
-        default=DEFAULT_TIMEOUT_S,
+        default=MAX_SECONDS,
         metavar="T",
         help=_TIMEOUT_HELP,
     )

@@ -40,8 +40,8 @@ from plancache._backends.guarded import TRUST_VARIABLE
 from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, share
 from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
-from plancache._config import Settings, keyring_from_env, parse_storage_options
-from plancache._defaults import EXPLAIN_DIR
+from plancache._config import Settings, keyring_from_env
+from plancache._defaults import CLOCK_WAIT_S, DOCTOR_SKEW_S, EXPLAIN_DIR, parse_storage_options
 from plancache._forwarding import ForwardingLayer, beneath
 from plancache._keys import plan_object_name
 from plancache._objects import ObjectLayer
@@ -54,10 +54,6 @@ from plancache.errors import ConfigError, PlanStoreError
 Status = Literal["ok", "finding", "info"]
 GETS = 5
 """Reads of a missing key timed for the latency figure."""
-MAX_SKEW_S = 60.0
-"""Clock skew past which prune ages and crash-mark ages go wrong enough to report."""
-CLOCK_WAIT_S = 3.0
-"""Seconds the clock check waits for the endpoint where the store declares no call bound."""
 MIN_FREE_BYTES = 100 << 20
 """Free space of the local directory below which it is a finding."""
 
@@ -207,7 +203,7 @@ class _Doctor:
             self.add("store", "clock", "info", "the endpoint sends no Date header")
             return
         skew = now - email.utils.parsedate_to_datetime(date).timestamp()
-        status: Status = "ok" if abs(skew) <= MAX_SKEW_S else "finding"
+        status: Status = "ok" if abs(skew) <= DOCTOR_SKEW_S else "finding"
         self.add("store", "clock", status, f"this node is {skew:+.0f} s from the store's Date")
 
     # -- this node ----------------------------------------------------------------------------

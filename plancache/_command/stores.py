@@ -25,9 +25,9 @@ from plancache._config import (
     Settings,
     is_remote,
     keyring_from_env,
-    parse_storage_options,
     read_key_file,
 )
+from plancache._defaults import parse_storage_options
 from plancache._forwarding import beneath
 from plancache._signing import Keyring, parse_keys
 from plancache._store import PlanStore

@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,32 +52,11 @@ from plancache import _background as background
 from plancache import _metrics as metrics
 from plancache._artifacts.archive import GROUP_PREFIX
 from plancache._background import Job
-from plancache._parse import parse_bool
 from plancache._redaction import printable
+from plancache._switches import triton_on
 from plancache.caches import CachePushed, CacheShare, GeneratedCache, triton_cache
 
 log = logging.getLogger("plancache.triton")
-
-SWITCH = "PLANCACHE_TRITON_CACHE"
-"""``1``: share Triton's cache through ``CacheManager``; ``0``: plain file cache; unset: on
-where ``PLANCACHE_URL`` is set (and ``PLANCACHE_COMPILE_CACHE`` is not ``0``)."""
-
-
-def configured(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``CacheManager`` shares kernels in this environment (see ``SWITCH``); a
-    malformed value is a warning and off."""
-    env = os.environ if environ is None else environ
-    try:
-        explicit = env.get(SWITCH, "").strip()
-        if explicit:
-            return parse_bool(SWITCH, explicit)
-        compile_cache = env.get("PLANCACHE_COMPILE_CACHE", "").strip()
-        if compile_cache and not parse_bool("PLANCACHE_COMPILE_CACHE", compile_cache):
-            return False
-        return bool(env.get("PLANCACHE_URL"))
-    except ValueError as exc:  # ConfigError
-        log.warning("plancache: Triton's cache not shared: %s", exc)
-        return False
 
 
 class _Session:
@@ -263,7 +242,7 @@ def _session(root: Path) -> _Session | None:
     global _on, _exit
     with _lock:
         if _on is None:
-            _on = configured()
+            _on = triton_on()
             if _on:
                 atexit.register(_at_exit)
         if not _on:

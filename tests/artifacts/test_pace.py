@@ -14,9 +14,10 @@ import pytest
 
 from plancache import _background as background
 from plancache._artifacts.engine import CompileSettings
-from plancache._artifacts.pacing import FIRST_ANSWER_S, JOIN_S, join_fetch
+from plancache._artifacts.pacing import join_fetch
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
+from plancache._defaults import FIRST_ANSWER_S, JOIN_S, MIN_PACE_S
 from plancache.testing.servers import CountingProxy, MotoS3
 from tests.artifacts.helpers import KEY, RANK, make_tree
 
@@ -52,8 +53,10 @@ def test_a_fetch_that_cannot_beat_compiling_gives_up_early(
         start = time.monotonic()
         fetched = _store(url, slow.endpoint).fetch(tmp_path / "node" / KEY, KEY, RANK)
         took = time.monotonic() - start
+    # "slow", not "timeout" (the 60 s bound) nor "hit" (the 8 s transfer done): it gave up
+    # once the rate was seen, after its first MIN_PACE_S of streaming
     assert fetched.reason == "slow"
-    assert took < 3.0, took  # as soon as the rate was seen, not at the 60 s bound
+    assert took >= MIN_PACE_S, took
     assert not (tmp_path / "node" / KEY / RANK).exists()
 
 

@@ -366,7 +366,7 @@ def seed(worker: Any, kv: int, baseline: int, options: str | None) -> None:
     """Write a record with ``worker``'s key and one observation straight to the store at
     ``PLANCACHE_URL`` (no local tier)."""
     from plancache import Plan, open_store
-    from plancache._config import parse_storage_options
+    from plancache._defaults import parse_storage_options
     from plancache.integrations.vllm import worker_factors
     from plancache.integrations.vllm.factors import as_scalars
 

@@ -24,7 +24,6 @@ plancache. Nothing here raises into vLLM.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,8 +32,7 @@ from plancache import _background as background
 from plancache import _metrics as metrics
 from plancache._artifacts import modelinfo
 from plancache._artifacts.engine import Fetched
-from plancache._defaults import DEFAULT_BUDGET_S
-from plancache._parse import parse_timeout
+from plancache._defaults import TIMEOUT
 from plancache.integrations.vllm import compile
 
 log = logging.getLogger("plancache.vllm")
@@ -121,9 +119,7 @@ def _fetch(model: Any, module_hash: str) -> bool:
                 None if artifacts is None else artifacts.fetch_model_info(name, module_hash, path)
             )
 
-        budget = parse_timeout(
-            "PLANCACHE_TIMEOUT", os.environ.get("PLANCACHE_TIMEOUT", str(DEFAULT_BUDGET_S))
-        )
+        budget = TIMEOUT.read()
         job = background.start(fetch, "plancache-modelinfo")
         if not job.join(budget):
             log.info("plancache: model info %s.%s: timeout (%.1f s)", module, cls, budget)
