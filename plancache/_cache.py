@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import _background as background
+from plancache import _events as events
 from plancache import _metrics as metrics
 from plancache._backends.lazy import Opening
 from plancache._background import Job, JobTimeout
@@ -38,6 +39,7 @@ from plancache._store import PlanStore
 from plancache._units import gib_text as _gib
 from plancache._version import __version__
 from plancache.errors import (
+    InvalidArgumentError,
     InvalidPlanError,
     InvalidSignatureError,
     PlanStoreError,
@@ -157,7 +159,7 @@ class PlanCache:
         next use while it raises), so that opening a remote client is bounded like any other
         I/O."""
         if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+            raise InvalidArgumentError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
         self._opening: Opening[PlanStore] | None = None
         self._store: PlanStore | None = None
@@ -417,7 +419,7 @@ class PendingLookup:
         seconds = time.perf_counter() - self.started
         self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
         _log_lookup(self._decision, self.current_free_memory)
-        metrics.decision("plans", reason.value, seconds, self.model)
+        events.decision("plans", reason, seconds, self.model)
         return self._decision
 
 

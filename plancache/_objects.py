@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from plancache.errors import InvalidArgumentError
+
 STALE_TEMP_SECONDS = 3600.0
 """Age past which a temp file of a write is a killed writer's leftover."""
 PART_BYTES = 8 << 20
@@ -88,9 +90,9 @@ WriteMode = Create | Update
 
 def check_name(name: str) -> str:
     """``name`` if it can name an object (a base name: no ``/``, no NUL, not ``.`` or
-    ``..``, at most 255 characters); else ``ValueError``."""
+    ``..``, at most 255 characters); else ``InvalidArgumentError`` (a ``ValueError``)."""
     if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 255:
-        raise ValueError(f"not an object name: {name!r:.80}")
+        raise InvalidArgumentError(f"not an object name: {name!r:.80}")
     return name
 
 

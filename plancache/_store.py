@@ -33,6 +33,7 @@ from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here
 from plancache._signing import NO_KEYS, Keyring
 from plancache.errors import (
+    InvalidArgumentError,
     InvalidPlanError,
     PlanStoreConflictError,
     PlanStorePermissionError,
@@ -315,7 +316,7 @@ class PlanStore:
             if changed is None:
                 return _Step(None, delete=True)
             if changed.fingerprint != fp:
-                raise ValueError("a rewrite cannot change the record's fingerprint")
+                raise InvalidArgumentError("a rewrite cannot change the record's fingerprint")
             if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
                 return _Step(stored)
             sealed = keys.seal(changed)

@@ -56,6 +56,7 @@ from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
+from plancache._reasons import Reason
 from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache")
@@ -222,7 +223,7 @@ class CacheShare:
                 cache.kind,
                 self.fetch_timeout,
             )
-            return CacheFetched("timeout", seconds=time.monotonic() - start)
+            return CacheFetched(Reason.TIMEOUT, seconds=time.monotonic() - start)
         return job.wait(0)
 
     def push(

@@ -4,7 +4,8 @@ Every one derives from ``PlancacheError``, so ``except PlancacheError`` catches 
 and every one is defined here (backends' internal signals, translated into
 ``PlanStoreError`` before they leave the backend, derive from it too).
 All store failures are ``PlanStoreError`` subclasses that keep their ``cause``; bad input is
-a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``).
+a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``,
+``InvalidArgumentError``), so ``except ValueError`` written for 0.4.0 still catches it.
 The 0.1.0 names without the ``Error`` suffix still resolve, with a ``DeprecationWarning``,
 for one more release.
 """
@@ -85,6 +86,12 @@ class UnsupportedSchemaError(InvalidPlanError):
 
 class ConfigError(PlancacheError, ValueError):
     """A setting (environment variable, option) holds a value plancache cannot use."""
+
+
+class InvalidArgumentError(PlancacheError, ValueError):
+    """A value given to a public call that it cannot use: a malformed fingerprint or object
+    name, a timeout that is not positive, budget figures that are not ints, records of
+    different keys to merge."""
 
 
 class ArtifactError(PlancacheError):

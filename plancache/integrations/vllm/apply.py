@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache import _background as background
+from plancache import _events as events
 from plancache._background import Job
 from plancache._cache import Decision, PendingLookup, PlanCache, Recorded
 from plancache._defaults import EXPLAIN_DIR
@@ -441,3 +442,39 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
         log.info(
             "plancache: rank %s profiles (%s) fp=%s%s%s", rank, why, fp, agreement, _explain(boot)
         )
+    _boot_event(rank, boot, vote)
+
+
+def _boot_event(rank: object, boot: Boot, vote: Vote) -> None:
+    """The ``boot`` event of this rank (``plancache._events``): whether the plan was applied,
+    whether it was provisional, and the reason, as the log line above tells it."""
+    decision = boot.decision
+    plan = None if decision is None else decision.plan
+    provisional = (
+        plan is not None and decision is not None and decision.observation in plan.provisional
+    )
+    applied = boot.mode is BootMode.APPLIED
+    if vote is Vote.EXPLICIT:
+        reason = Reason.EXPLICIT
+    elif applied:
+        reason = Reason.HIT
+    elif decision is not None and not decision.hit:
+        reason = decision.reason
+    elif decision is not None and vote is Vote.PROFILE:
+        reason = Reason.NO_CRASH_MARK
+    elif vote is Vote.APPLY:
+        reason = Reason.OTHER_RANK
+    elif _config_error is not None:
+        reason = Reason.CONFIG_ERROR
+    else:
+        reason = Reason.MISS
+    fingerprint = None if decision is None else decision.fingerprint
+    events.emit(
+        "boot",
+        "plans",
+        reason,
+        rank=rank,
+        applied=applied,
+        provisional=applied and provisional,
+        fingerprint=fingerprint,
+    )
