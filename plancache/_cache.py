@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import _background as background
@@ -149,7 +150,8 @@ def _describe(exc: BaseException) -> tuple[Reason, str]:
 
 
 class PlanCache:
-    """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
+    """Lookup and record of plans with a time budget; never raises, never stalls a boot.
+    Closes the store it opened (``close``, or the end of a ``with`` block)."""
 
     def __init__(
         self, store: PlanStore | Callable[[], PlanStore], timeout: float = DEFAULT_BUDGET_S
@@ -163,6 +165,7 @@ class PlanCache:
         self.timeout = float(timeout)
         self._opening: Opening[PlanStore] | None = None
         self._store: PlanStore | None = None
+        self._closed = False
         if isinstance(store, PlanStore):
             self._store = store
         else:
@@ -190,6 +193,27 @@ class PlanCache:
             return self._store
         assert self._opening is not None
         return self._opening.opened
+
+    def close(self) -> None:
+        """Close the store this cache opened (where a factory was given and has returned);
+        a store given is the caller's, left open. Idempotent; never raises: a failure to
+        close is logged. A lookup or record after it fails open (its reason says why)."""
+        opened = None if self._opening is None else self._opening.value
+        if opened is None or self._closed:
+            return
+        self._closed = True
+        try:
+            opened.close()
+        except Exception as exc:  # never raises: the caller is done with the store
+            log.warning("plancache: close: %s: %s", type(exc).__name__, scrub(str(exc)))
+
+    def __enter__(self) -> PlanCache:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def warm(self) -> None:
         """Start opening the store (calling the factory, if one was given) and the stores

@@ -32,6 +32,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from plancache._background import Job as BackgroundJob
+    from plancache._breaker import Mark as CrashMark
+    from plancache._breaker import Process as CrashMarkWriter
     from plancache._switches import enabled
     from plancache.integrations.vllm.apply import (
         Boot,
@@ -62,6 +65,9 @@ _LAZY = {
         ("Boot", "BootMode", "boot_of", "maybe_apply_startup_plan", "warmed_up"), "apply"
     ),
     "enabled": "plancache._switches",
+    "BackgroundJob": "plancache._background:Job",
+    "CrashMark": "plancache._breaker:Mark",
+    "CrashMarkWriter": "plancache._breaker:Process",
     **dict.fromkeys(
         ("WorkerFactors", "device_factors", "software_factors", "worker_factors", "worker_labels"),
         "factors",
@@ -80,8 +86,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    path = module if "." in module else f"{__name__}.{module}"
-    value = getattr(importlib.import_module(path), name)
+    path, _, attr = module.partition(":")  # "module:attr" where the names differ
+    path = path if "." in path else f"{__name__}.{path}"
+    value = getattr(importlib.import_module(path), attr or name)
     globals()[name] = value
     return value
 
@@ -94,8 +101,11 @@ __all__ = [
     "BUILTIN_FUNCTIONS",
     "TARGET_MODULE",
     "WRAPPED_METHODS",
+    "BackgroundJob",
     "Boot",
     "BootMode",
+    "CrashMark",
+    "CrashMarkWriter",
     "MemoryFigures",
     "WorkerFactors",
     "WorkerLike",
