@@ -16,8 +16,9 @@ are listed once, in the documentation (``docs/vllm.md``, "Guarantees").
 
 Modules: ``registration`` (the entry point, logs; whether the plugin acts is
 ``plancache._switches``),
-``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
-the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
+``patch`` (the import hook and the method wrappers), ``state`` (the process's plugin state,
+one object), ``apply`` (lookup, crash marks, apply, the boot state), ``save`` (the save
+after warm-up),
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
 worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetched from and
 uploaded to the same store: see ``plancache._artifacts``).
