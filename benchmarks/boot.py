@@ -4,7 +4,7 @@ Needs a CUDA GPU and vLLM with the plancache plugin installed (``pip install
 'plancache[vllm,bench]'``). Each variant runs with CUDA graphs (the default) and with
 ``--enforce-eager`` (a hit saves seconds with graphs, little eager), with one untimed boot
 first and then ``--runs`` timed warm boots; each boot's plancache decision (hit, miss, ...)
-is read from its log line:
+is read from its events (``PLANCACHE_EVENTS=1``: one JSON line per event on standard error):
 
 - ``off``: no startup plans; vLLM profiles every boot.
 - ``builtin``: vLLM's own ``VLLM_ENABLE_STARTUP_PLAN=1`` (plancache disabled).
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 
 from benchmarks.machine import gpus
 from benchmarks.stats import median
+from plancache import _events as events
 
 CHILD = """
 import json, sys, time
@@ -63,16 +63,16 @@ def skip_reason() -> str | None:
     return None
 
 
-DECISION = re.compile(r"plancache: rank (\d+):? (applies plan|profiles \(([^)]*)\)|kv_cache)")
-
-
 def decisions(log: str) -> list[str]:
-    """Each rank's plancache decision from a boot's log: ``hit``, ``explicit`` or the
-    reason it profiled (``miss``, ``gate:...``); empty when plancache was off."""
+    """Each rank's plancache decision from a boot's events (``PLANCACHE_EVENTS=1``: the
+    ``boot`` event of each rank, ``plancache._events``): ``hit`` (``hit:provisional`` for a
+    provisional plan), else its reason (``explicit``, ``miss``, ``gate:...``); empty when
+    plancache was off."""
     found = []
-    for match in DECISION.finditer(log):
-        kind = match.group(2)
-        found.append("hit" if kind == "applies plan" else match.group(3) or "explicit")
+    for event in events.read(log):
+        if event.get("event") == "boot":
+            provisional = ":provisional" if event.get("provisional") else ""
+            found.append(f"hit{provisional}" if event.get("applied") else str(event["reason"]))
     return found
 
 
@@ -106,6 +106,7 @@ def run(model: str, runs: int, util: float, timeout: float, mode: str) -> dict[s
         plancache_env = dict(
             base,
             PLANCACHE_ENABLE="1",
+            PLANCACHE_EVENTS="1",
             PLANCACHE_URL=f"{url}/boot",
             PLANCACHE_LOCAL_TIER=str(tier),
             PLANCACHE_STORAGE_OPTIONS=json.dumps(options),

@@ -37,7 +37,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -47,7 +46,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from plancache import _events as events
 from plancache import open_store
+from plancache._artifacts.compiled import METRIC
 from plancache._artifacts.engine import CompileSettings
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
@@ -64,9 +65,15 @@ RUNS = 1
 second or two with what else the machine does: one, to keep the main job within 8 minutes)."""
 """The warm-up: one compile size past the first forward's dynamic shape."""
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
-FETCH = re.compile(
-    r"compile artifact \w+/(rank_\d+_\d+): (\w[\w-]*)(?: from [\w-]+)? \(([\d.]+) s[^)]*\)"
-)
+
+
+def last_fetch(log: str) -> dict[str, Any] | None:
+    """The last compile artifact's fetch a node's events (``PLANCACHE_EVENTS=1``) tell of:
+    its ``reason`` and ``seconds``; None where it fetched none."""
+    found = [
+        e for e in events.read(log) if e.get("event") == "decision" and e.get("kind") == METRIC
+    ]
+    return found[-1] if found else None
 
 
 def vllm_python() -> str | None:
@@ -99,6 +106,7 @@ def _node(
     child.update(
         PYTHONPATH=str(REPO),
         PLANCACHE_URL=url,
+        PLANCACHE_EVENTS="1",
         VLLM_CACHE_ROOT=str(root),
         TRITON_CACHE_DIR=str(root / "triton"),
         TRITON_DEFAULT_FP_FUSION="1",
@@ -129,9 +137,9 @@ def _node(
             f"node failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
         )
     report["wall_s"] = wall
-    fetches = FETCH.findall(out.stdout + out.stderr)
-    report["plancache"] = fetches[-1][1] if fetches else "-"
-    report["fetch_s"] = float(fetches[-1][2]) if fetches else None
+    fetch = last_fetch(out.stdout + out.stderr)
+    report["plancache"] = fetch["reason"] if fetch else "-"
+    report["fetch_s"] = float(fetch["seconds"]) if fetch else None
     return report
 
 

@@ -23,6 +23,7 @@ from plancache.errors import (
     ArtifactError,
     CliError,
     ConfigError,
+    InvalidArgumentError,
     InvalidPlanError,
     InvalidSignatureError,
     JobTimeout,
@@ -48,34 +49,46 @@ from plancache.errors import (
 install_moved_finder()
 
 if TYPE_CHECKING:
-    from plancache._backends import open_store, register_backend
-    from plancache._cache import Decision, PlanCache, Recorded
+    from plancache._artifacts.engine import CompileSettings
+    from plancache._backends import open_layer, open_store, register_backend
+    from plancache._cache import Decision, PendingLookup, PlanCache, Recorded
     from plancache._config import Settings
     from plancache._gate import Budget, applicable_kv_cache_memory_bytes
-    from plancache._objects import CREATE, ObjectLayer, Opened, Update
-    from plancache._observation import Observation
-    from plancache._plan import Plan
+    from plancache._objects import CREATE, Create, ObjectLayer, Opened, Reader, Update
+    from plancache._observation import Observation, Tombstone
+    from plancache._plan import Plan, Signature
     from plancache._reasons import PutOutcome, Reason
-    from plancache._store import PlanStore
+    from plancache._signing import Keyring, SignatureVerdict
+    from plancache._store import PlanStore, Retraction
 
 _LAZY = {
+    "CompileSettings": "plancache._artifacts.engine",
+    "open_layer": "plancache._backends",
     "open_store": "plancache._backends",
     "register_backend": "plancache._backends",
     "Decision": "plancache._cache",
+    "PendingLookup": "plancache._cache",
     "PlanCache": "plancache._cache",
     "Recorded": "plancache._cache",
     "Settings": "plancache._config",
     "Budget": "plancache._gate",
     "applicable_kv_cache_memory_bytes": "plancache._gate",
     "Observation": "plancache._observation",
+    "Tombstone": "plancache._observation",
     "CREATE": "plancache._objects",
+    "Create": "plancache._objects",
     "ObjectLayer": "plancache._objects",
     "Opened": "plancache._objects",
+    "Reader": "plancache._objects",
     "Update": "plancache._objects",
     "Plan": "plancache._plan",
+    "Signature": "plancache._plan",
     "PutOutcome": "plancache._reasons",
     "Reason": "plancache._reasons",
+    "Keyring": "plancache._signing",
+    "SignatureVerdict": "plancache._signing",
     "PlanStore": "plancache._store",
+    "Retraction": "plancache._store",
 }
 
 
@@ -100,17 +113,22 @@ __all__ = [
     "ArtifactError",
     "Budget",
     "CliError",
+    "CompileSettings",
     "ConfigError",
+    "Create",
     "Decision",
+    "InvalidArgumentError",
     "InvalidPlanError",
     "InvalidSignatureError",
     "JobTimeout",
+    "Keyring",
     "MissingExtraError",
     "MovedError",
     "MovedModuleError",
     "ObjectLayer",
     "Observation",
     "Opened",
+    "PendingLookup",
     "Plan",
     "PlanCache",
     "PlanStore",
@@ -123,10 +141,15 @@ __all__ = [
     "PlancacheError",
     "PutOutcome",
     "RankAgreementError",
+    "Reader",
     "Reason",
     "Recorded",
+    "Retraction",
     "Settings",
+    "Signature",
+    "SignatureVerdict",
     "StoreIgnoresPreconditionsError",
+    "Tombstone",
     "UnknownSchemeError",
     "UnreadableHereError",
     "UnsupportedSchemaError",
@@ -135,6 +158,7 @@ __all__ = [
     "__version__",
     "applicable_kv_cache_memory_bytes",
     "fingerprint",
+    "open_layer",
     "open_store",
     "register_backend",
 ]

@@ -21,9 +21,11 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from plancache import _background as background
+from plancache import _events as events
 from plancache import _metrics as metrics
 from plancache._backends.lazy import Opening
 from plancache._background import Job, JobTimeout
@@ -35,16 +37,13 @@ from plancache._observation import Observation
 from plancache._plan import Plan
 from plancache._reasons import RECORD_FAILURES, PutOutcome, Reason
 from plancache._redaction import scrub
-from plancache._store import PlanStore
+from plancache._store import PlanStore, describe_failure, plans_of
 from plancache._units import gib_text as _gib
 from plancache._version import __version__
 from plancache.errors import (
     ConfigError,
-    InvalidPlanError,
-    InvalidSignatureError,
-    PlanStoreError,
+    InvalidArgumentError,
     PlanStoreReadOnlyError,
-    UnsupportedSchemaError,
 )
 
 if TYPE_CHECKING:
@@ -87,12 +86,6 @@ class Recorded:
     detail: str = ""
 
 
-def _bounded(fn: Callable[[], T], timeout: float) -> T:
-    """Run ``fn`` on a daemon thread (``background.start``); its result, its exception, or
-    ``JobTimeout``."""
-    return background.start(fn).wait(timeout)
-
-
 _late: list[tuple[Job[PutOutcome], str]] = []
 _late_lock = threading.Lock()
 _waiting = False
@@ -130,39 +123,9 @@ def _wait_for_late(bound: float) -> None:
             )
 
 
-def _describe(exc: BaseException) -> tuple[Reason, str]:
-    """(reason, detail) for a failure of store I/O; the detail holds no URL user information
-    or secret-looking URL parameter, whatever raised."""
-    if isinstance(exc, JobTimeout):
-        return Reason.TIMEOUT, "store did not answer within the time budget"
-    if isinstance(exc, UnsupportedSchemaError):
-        reason, detail = Reason.MISS, str(exc)
-    elif isinstance(exc, InvalidSignatureError):
-        reason, detail = Reason.INVALID_SIGNATURE, str(exc)
-    elif isinstance(exc, InvalidPlanError):
-        reason, detail = Reason.INVALID, str(exc)
-    elif isinstance(exc, PlanStoreError):
-        reason, detail = Reason.STORE_ERROR, str(exc)
-    else:
-        reason, detail = Reason.ERROR, f"{type(exc).__name__}: {exc}"
-    return reason, scrub(detail)
-
-
-def _plans(store: object, what: str) -> PlanStore:
-    """``store`` as the plans kind: itself, or the plans kind built on a layer; anything else
-    raises ``ConfigError`` naming ``what`` gave it and what to give instead."""
-    if isinstance(store, ObjectLayer):
-        return PlanStore(store)
-    if not isinstance(store, PlanStore):
-        raise ConfigError(
-            f"{what} gave a {type(store).__qualname__}, not a store: give PlanCache a "
-            "PlanStore (open_store(url)), an ObjectLayer, or a function returning one"
-        )
-    return store
-
-
 class PlanCache:
-    """Lookup and record of plans with a time budget; never raises, never stalls a boot."""
+    """Lookup and record of plans with a time budget; never raises, never stalls a boot.
+    Closes the store it opened (``close``, or the end of a ``with`` block)."""
 
     def __init__(
         self,
@@ -177,15 +140,16 @@ class PlanCache:
         opening a remote client is bounded like any other I/O. Anything else raises
         ``ConfigError`` here, naming what to give instead."""
         if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+            raise InvalidArgumentError(f"timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
         self._opening: Opening[PlanStore] | None = None
         self._store: PlanStore | None = None
+        self._closed = False
         if isinstance(store, PlanStore | ObjectLayer):
-            self._store = _plans(store, "store")
+            self._store = plans_of(store, "store")
         elif callable(store):
             name = getattr(store, "__qualname__", type(store).__name__)
-            self._opening = Opening(f"{name}()", lambda: _plans(store(), f"{name}()"))
+            self._opening = Opening(f"{name}()", lambda: plans_of(store(), f"{name}()"))
         else:
             raise ConfigError(
                 f"PlanCache takes a store, got {type(store).__qualname__} {store!r:.80}: write "
@@ -214,6 +178,27 @@ class PlanCache:
             return self._store
         assert self._opening is not None
         return self._opening.opened
+
+    def close(self) -> None:
+        """Close the store this cache opened (where a factory was given and has returned);
+        a store given is the caller's, left open. Idempotent; never raises: a failure to
+        close is logged. A lookup or record after it fails open (its reason says why)."""
+        opened = None if self._opening is None else self._opening.value
+        if opened is None or self._closed:
+            return
+        self._closed = True
+        try:
+            opened.close()
+        except Exception as exc:  # never raises: the caller is done with the store
+            log.warning("plancache: close: %s: %s", type(exc).__name__, scrub(str(exc)))
+
+    def __enter__(self) -> PlanCache:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def warm(self) -> None:
         """Start opening the store (calling the factory, if one was given) and the stores
@@ -277,11 +262,13 @@ class PlanCache:
         start = time.perf_counter()
         refused: PlanStoreReadOnlyError | None = None
         try:
-            done = _bounded(lambda: self.store.retract(fingerprint, observation), self.timeout)
+            done = background.start(lambda: self.store.retract(fingerprint, observation)).wait(
+                self.timeout
+            )
         except PlanStoreReadOnlyError as exc:  # read-only, no local tier: nothing to change
             refused = exc
         except Exception as exc:
-            reason, detail = _describe(exc)
+            reason, detail = describe_failure(exc)
             log.warning(
                 "plancache: retract %s fp=%s failed in %.1f ms: %s",
                 reason.value,
@@ -345,10 +332,10 @@ class PlanCache:
                 reason = outcome = job.wait(self.timeout)
             except JobTimeout as exc:
                 _finish_at_exit(job, fp)
-                reason, detail = _describe(exc)
+                reason, detail = describe_failure(exc)
                 detail += " (it goes on; the exit waits for it)"
             except Exception as exc:
-                failure, detail = _describe(exc)
+                failure, detail = describe_failure(exc)
                 reason = failure if failure in RECORD_FAILURES else Reason.ERROR
         result = Recorded(outcome, reason, fp, time.perf_counter() - start, detail)
         metrics.write("plans", reason.value)
@@ -429,7 +416,7 @@ class PendingLookup:
             try:
                 plan = self._fetch.wait(wait)
             except Exception as exc:
-                reason, detail = _describe(exc)
+                reason, detail = describe_failure(exc)
             else:
                 if plan is None:
                     reason = Reason.MISS
@@ -443,7 +430,7 @@ class PendingLookup:
         seconds = time.perf_counter() - self.started
         self._decision = Decision(kv, reason, self.fingerprint, seconds, plan, detail, chosen)
         _log_lookup(self._decision, self.current_free_memory)
-        metrics.decision("plans", reason.value, seconds, self.model)
+        events.decision("plans", reason, seconds, self.model)
         return self._decision
 
 

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import orjson
-
 from plancache.errors import ConfigError
 
 T = TypeVar("T")
@@ -232,7 +230,11 @@ def parse_bytes(name: str, value: str) -> int:
 
 def parse_storage_options(text: str, source: str) -> dict[str, Any]:
     """A JSON object of storage options from ``source`` (a variable or flag name); else
-    ``ConfigError``. The text itself is never echoed: it may hold secrets."""
+    ``ConfigError``. The text itself is never echoed: it may hold secrets. (``orjson`` is
+    imported here: a process that reads no storage options, vLLM's with the plugin off, never
+    loads it.)"""
+    import orjson
+
     try:
         options = orjson.loads(text) if text.strip() else {}
     except orjson.JSONDecodeError:
@@ -415,6 +417,15 @@ METRICS = _setting(
     "`0`: no Prometheus metrics (see Metrics in the vLLM plugin page; they need "
     "`prometheus_client`, which vLLM installs)",
     "`1`",
+)
+EVENTS = _setting(
+    "PLANCACHE_EVENTS",
+    "boolean",
+    False,
+    parse_bool,
+    "`1`: every process writes each decision as one JSON line on standard error "
+    "(`plancache-event {...}`, see Events in the library page)",
+    "`0`",
 )
 COMPILE_EXIT_WAIT = _setting(
     "PLANCACHE_COMPILE_EXIT_WAIT",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from plancache._observation import Observation
 from plancache._plan import Plan
 from plancache._reasons import Reason
+from plancache.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,14 @@ class Budget:
 
     def limit(self) -> int | None:
         """The largest plausible KV size (may be <= 0: nothing fits); None when unchecked.
-        Raises ``ValueError`` for malformed figures."""
+        Raises ``InvalidArgumentError`` (a ``ValueError``) for malformed figures."""
         requested, weights = self.requested_memory, self.weights_memory
         if requested is None or weights is None:
             return None
         if type(requested) is not int or type(weights) is not int:
-            raise ValueError("budget figures must be ints")
+            raise InvalidArgumentError("budget figures must be ints")
         if requested <= 0 or weights < 0:
-            raise ValueError("requested memory must be > 0 and weights memory >= 0")
+            raise InvalidArgumentError("requested memory must be > 0 and weights memory >= 0")
         return requested - weights
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plancache.errors import InvalidPlanError
+from plancache.errors import InvalidArgumentError, InvalidPlanError
 
 Scalar = str | int | float | bool | None
 SCALAR_TYPES = (str, int, float, bool, type(None))
@@ -95,9 +95,11 @@ def fingerprint(factors: Mapping[str, Scalar]) -> str:
 
 
 def validate_key(key: object) -> str:
-    """Return ``key`` if it is 64 lowercase hex characters, else raise ``ValueError``."""
+    """Return ``key`` if it is 64 lowercase hex characters, else raise ``InvalidArgumentError``."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise ValueError(f"not a plan fingerprint (64 lowercase hex characters): {key!r:.80}")
+        raise InvalidArgumentError(
+            f"not a plan fingerprint (64 lowercase hex characters): {key!r:.80}"
+        )
     return key
 
 

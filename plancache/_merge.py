@@ -51,6 +51,7 @@ import orjson
 from plancache._keys import Scalar
 from plancache._observation import Observation, Tombstone
 from plancache._plan import MAX_LABELS, MAX_OBSERVATIONS, MAX_PROVISIONAL, MAX_TOMBSTONES, Plan
+from plancache.errors import InvalidArgumentError
 
 
 def at_least_as_good(a: Observation, b: Observation) -> bool:
@@ -80,7 +81,7 @@ def frontier(
     """The non-dominated observations sorted by baseline, at most ``bound`` (>= 2) of them,
     chosen as the module docstring says. A function of the set alone (order-independent)."""
     if bound < 2:
-        raise ValueError(f"a frontier keeps at least 2 points, got bound={bound}")
+        raise InvalidArgumentError(f"a frontier keeps at least 2 points, got bound={bound}")
     unique: dict[tuple[int, int], Observation] = {}
     for o in observations:
         key = (o.free_memory_baseline, o.kv_cache_memory_bytes)
@@ -139,7 +140,7 @@ def merge(stored: Plan, new: Plan, *, now: float | None = None) -> Plan:
     and no kept observation covers, and their labels merged. Commutative and idempotent
     (see the module docstring); ``ValueError`` for records of different keys."""
     if stored.fingerprint != new.fingerprint:
-        raise ValueError("cannot merge records of different fingerprints")
+        raise InvalidArgumentError("cannot merge records of different fingerprints")
     tombs = tombstones((*stored.retracted, *new.retracted), now=now)
     dead = {t.observation for t in tombs}
     alive = (o for o in (*stored.observations, *new.observations) if o.digest not in dead)

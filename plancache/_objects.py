@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from plancache._defaults import STALE_TEMP_SECONDS
-from plancache.errors import MovedError
+from plancache.errors import InvalidArgumentError, MovedError
 
 PART_BYTES = 8 << 20
 """Bytes buffered per part of a streamed write (S3's minimum part is 5 MiB; GCS wants
@@ -105,9 +105,9 @@ WriteMode = Create | Update
 
 def check_name(name: str) -> str:
     """``name`` if it can name an object (a base name: no ``/``, no NUL, not ``.`` or
-    ``..``, at most 255 characters); else ``ValueError``."""
+    ``..``, at most 255 characters); else ``InvalidArgumentError`` (a ``ValueError``)."""
     if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 255:
-        raise ValueError(f"not an object name: {name!r:.80}")
+        raise InvalidArgumentError(f"not an object name: {name!r:.80}")
     return name
 
 

@@ -1,8 +1,10 @@
-"""Why a lookup or a record ended as it did: the reason codes of logs, JSON and metrics (pure).
+"""Why a decision ended as it did: the reason codes of logs, JSON, events and metrics (pure).
 
+One enum, ``Reason``, for every kind: a plan's lookup, a fetch of compile artifacts, cache
+bundles or model info (``FETCH_REASONS``), and the vLLM plugin's boot.
 Members are ``str`` values, so ``decision.reason == "hit"`` holds and logs show the value.
-A lookup's reason is a ``Reason``; a record's is the ``PutOutcome`` of its put when the put
-ran, else the ``Reason`` it failed for (``RECORD_FAILURES``).
+A record's reason is the ``PutOutcome`` of its put when the put ran, else the ``Reason`` it
+failed for (``RECORD_FAILURES``).
 """
 
 from __future__ import annotations
@@ -52,10 +54,41 @@ class Reason(enum.StrEnum):
     TIMEOUT = "timeout"
     ERROR = "error"
     """Unexpected; the detail names the exception."""
+    PRESENT = "present"
+    """A fetch found what it looked for installed already (nothing was read)."""
+    UNTRUSTED = "untrusted"
+    """A fetch found nothing the trust rule accepts (no key signed it, or another user
+    could have written it)."""
+    SLOW = "slow"
+    """A fetch was given up: at its pace it could not beat building the thing here."""
+    EXPLICIT = "explicit"
+    """The vLLM plugin's boot: ``kv_cache_memory_bytes`` was set explicitly (no lookup)."""
+    OTHER_RANK = "agreement:another-rank-profiles"
+    """The vLLM plugin's boot: this rank had a plan, another rank must profile, so all do."""
+    NO_CRASH_MARK = "breaker:no-crash-mark"
+    """The vLLM plugin's boot: no crash mark could be written, so the plan is not applied."""
+    CONFIG_ERROR = "config-error"
+    """The vLLM plugin's boot: a ``PLANCACHE_*`` setting is malformed; plancache is off."""
 
 
 RECORD_FAILURES = (Reason.INVALID_INPUT, Reason.STORE_ERROR, Reason.TIMEOUT, Reason.ERROR)
 """The reasons of a ``Recorded`` that stored nothing."""
+
+INSTALLED = (Reason.HIT, Reason.PRESENT)
+"""The reasons of a fetch that found what it looked for."""
+
+FETCH_REASONS = (
+    *INSTALLED,
+    Reason.MISS,
+    Reason.UNTRUSTED,
+    Reason.INVALID,
+    Reason.STORE_ERROR,
+    Reason.TIMEOUT,
+    Reason.SLOW,
+)
+"""The reasons of a fetch of a kind besides plans (compile artifacts, cache bundles, model
+info): ``hit`` (installed), ``present``, ``miss``, ``untrusted``, ``invalid``,
+``store-error``, ``timeout``, ``slow``."""
 
 
 @functools.cache

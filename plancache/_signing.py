@@ -163,7 +163,7 @@ class Keyring:
         """``plan`` signed with the signing key (whatever signature it carried is replaced);
         ``ValueError`` without a signing key."""
         if self._signing is None:
-            raise ValueError("this keyring holds no signing key")
+            raise ConfigError("this keyring holds no signing key")
         mac = _mac(self._keys[self._signing], plan.payload())
         return plan.signed(Signature(self._signing, mac))
 
@@ -208,7 +208,7 @@ class Keyring:
         """The signature of ``payload`` (any canonical bytes, e.g. an artifact manifest) with
         the signing key; ``ValueError`` without one."""
         if self._signing is None:
-            raise ValueError("this keyring holds no signing key")
+            raise ConfigError("this keyring holds no signing key")
         return Signature(self._signing, _mac(self._keys[self._signing], payload))
 
     def verdict_payload(self, payload: bytes, sig: Signature | None) -> SignatureVerdict:

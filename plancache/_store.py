@@ -31,11 +31,18 @@ from plancache._objects import CREATE, ObjectLayer, Update
 from plancache._observation import Observation
 from plancache._plan import MAX_RECORD_BYTES, SCHEMA, Plan
 from plancache._reasons import PutOutcome as PutOutcome  # what put returns, also named here
+from plancache._reasons import Reason
+from plancache._redaction import scrub
 from plancache._signing import NO_KEYS, Keyring
 from plancache._version import DEPRECATED_REMOVED_IN
 from plancache.errors import (
+    ConfigError,
+    InvalidArgumentError,
     InvalidPlanError,
+    InvalidSignatureError,
+    JobTimeout,
     PlanStoreConflictError,
+    PlanStoreError,
     PlanStorePermissionError,
     UnsupportedSchemaError,
 )
@@ -317,7 +324,7 @@ class PlanStore:
             if changed is None:
                 return _Step(None, delete=True)
             if changed.fingerprint != fp:
-                raise ValueError("a rewrite cannot change the record's fingerprint")
+                raise InvalidArgumentError("a rewrite cannot change the record's fingerprint")
             if changed == stored and stored.schema == SCHEMA and keys.settled(stored):
                 return _Step(stored)
             sealed = keys.seal(changed)
@@ -451,3 +458,34 @@ class PlanStore:
         found = self._read(fp)
         self._note(fp, stored=found is not None)
         return found
+
+
+def plans_of(store: object, what: str) -> PlanStore:
+    """``store`` as the plans kind: itself, or the plans kind built on a layer; anything else
+    raises ``ConfigError`` naming ``what`` gave it and what to give instead."""
+    if isinstance(store, ObjectLayer):
+        return PlanStore(store)
+    if not isinstance(store, PlanStore):
+        raise ConfigError(
+            f"{what} gave a {type(store).__qualname__}, not a store: give PlanCache a "
+            "PlanStore (open_store(url)), an ObjectLayer, or a function returning one"
+        )
+    return store
+
+
+def describe_failure(exc: BaseException) -> tuple[Reason, str]:
+    """(reason, detail) for a failure of store I/O; the detail holds no URL user information
+    or secret-looking URL parameter, whatever raised."""
+    if isinstance(exc, JobTimeout):
+        return Reason.TIMEOUT, "store did not answer within the time budget"
+    if isinstance(exc, UnsupportedSchemaError):
+        reason, detail = Reason.MISS, str(exc)
+    elif isinstance(exc, InvalidSignatureError):
+        reason, detail = Reason.INVALID_SIGNATURE, str(exc)
+    elif isinstance(exc, InvalidPlanError):
+        reason, detail = Reason.INVALID, str(exc)
+    elif isinstance(exc, PlanStoreError):
+        reason, detail = Reason.STORE_ERROR, str(exc)
+    else:
+        reason, detail = Reason.ERROR, f"{type(exc).__name__}: {exc}"
+    return reason, scrub(detail)

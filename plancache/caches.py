@@ -56,6 +56,7 @@ from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._directory import Directory
 from plancache._keys import Scalar, fingerprint
+from plancache._reasons import Reason
 from plancache._redaction import printable, without_userinfo
 from plancache.errors import ConfigError
 
@@ -258,7 +259,7 @@ class CacheShare:
             Directory.make(cache.root).close()
         except OSError as exc:  # nothing can be installed there: said, not raised
             log.warning("plancache: %s cache: not pulled: %s", cache.kind, printable(str(exc)))
-            return CacheFetched("error", seconds=time.monotonic() - start)
+            return CacheFetched(Reason.ERROR, seconds=time.monotonic() - start)
         stop = threading.Event()
         job = background.start(
             functools.partial(
@@ -278,7 +279,7 @@ class CacheShare:
                 cache.kind,
                 self.fetch_timeout,
             )
-            return CacheFetched("timeout", seconds=time.monotonic() - start)
+            return CacheFetched(Reason.TIMEOUT, seconds=time.monotonic() - start)
         return job.wait(0)
 
     def push(

@@ -7,7 +7,8 @@ rule's ``Refused`` and ``Unvouched``, the bounded reader's ``Unreadable``, ``Odd
 of a neighbour's file, and internal signals translated before they leave their module (the
 backends' ``ResponseTooLargeError`` and ``GCSStatusError``, the probe's ``_Decided``).
 All store failures are ``PlanStoreError`` subclasses that keep their ``cause``; bad input is
-a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``).
+a ``ValueError`` subclass (``InvalidPlanError``, ``ConfigError``, ``UnsupportedStoreError``,
+``InvalidArgumentError``), so ``except ValueError`` written for 0.4.0 still catches it.
 The 0.1.0 names without the ``Error`` suffix still resolve, with a ``DeprecationWarning``,
 for one more release.
 """
@@ -88,6 +89,12 @@ class UnsupportedSchemaError(InvalidPlanError):
 
 class ConfigError(PlancacheError, ValueError):
     """A setting (environment variable, option) holds a value plancache cannot use."""
+
+
+class InvalidArgumentError(PlancacheError, ValueError):
+    """A value given to a public call that it cannot use: a malformed fingerprint or object
+    name, a timeout that is not positive, budget figures that are not ints, records of
+    different keys to merge."""
 
 
 class ArtifactError(PlancacheError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +133,36 @@ def test_every_error_is_exported_from_the_package() -> None:
     assert set(names) <= set(plancache.__all__)
     missing = [n for n in names if getattr(plancache, n, None) is not getattr(errors, n)]
     assert not missing
+
+
+def _calls(tmp_path: Path) -> dict[str, Callable[[], object]]:
+    """Public calls given values they cannot use (each raised a plain ``ValueError`` in
+    0.4.0)."""
+    store = plancache.open_store(str(tmp_path / "plans"))
+    return {
+        "PlanStore.get": lambda: store.get("zz"),
+        "PlanCache(timeout=0)": lambda: plancache.PlanCache(store, timeout=0),
+        "Budget.limit": lambda: plancache.Budget(1.5, 0).limit(),  # type: ignore[arg-type]
+        "open_store(s3:///)": lambda: plancache.open_store("s3:///prefix"),
+        "ObjectLayer.read_object": lambda: store.layer.read_object("..", 10),
+    }
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "PlanStore.get",
+        "PlanCache(timeout=0)",
+        "Budget.limit",
+        "open_store(s3:///)",
+        "ObjectLayer.read_object",
+    ],
+)
+def test_a_public_call_given_a_bad_value_raises_a_plancache_error(
+    tmp_path: Path, call: str
+) -> None:
+    """Both a ``PlancacheError`` (the documented family) and a ``ValueError`` (what 0.4.0
+    programs catch)."""
+    with pytest.raises(errors.PlancacheError) as raised:
+        _calls(tmp_path)[call]()
+    assert isinstance(raised.value, ValueError)

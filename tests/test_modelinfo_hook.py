@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from plancache._inventory.artifacts import names as artifact_names
-from plancache.integrations.vllm import compile, modelinfo
+from plancache.integrations.vllm import compile, modelinfo, state
 from plancache.testing.hostile import SilentServer
 
 HASH = "a" * 64
@@ -74,10 +74,10 @@ def inspect(module: types.ModuleType) -> tuple[dict[str, Any], bool]:
 def node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """A fresh plugin state per node, and a ``vllm`` that names its version."""
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.0"))
-    for name, value in (("_settings", None), ("_store", None), ("_opening", None)):
-        monkeypatch.setattr(compile, name, value)
+    previous = state.use(state.Plugin())  # a fresh node's plugin state
     yield
     compile.uploads.wait(30)
+    state.use(previous)
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, url: str, **more: str) -> None:
@@ -97,8 +97,7 @@ def test_a_new_node_reads_the_shared_file_instead_of_inspecting(
     assert inspect(first)[1]  # nothing shared yet: inspected
     assert compile.uploads.wait(30)
     assert len(list(compile.opened().store.list_objects("model_info_"))) == 1  # type: ignore[union-attr]
-    monkeypatch.setattr(compile, "_store", None)
-    monkeypatch.setattr(compile, "_opening", None)
+    state.use(state.Plugin())  # the next node
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "b"))
     second = registry(tmp_path / "b")
     modelinfo.patch_registry(second)
@@ -163,8 +162,7 @@ def test_a_file_installed_that_vllm_does_not_read_is_reported_as_built_anyway(
     while not list(store.glob("model_info_*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     for name, rejects in (("b", False), ("c", True)):
-        monkeypatch.setattr(compile, "_store", None)
-        monkeypatch.setattr(compile, "_opening", None)
+        state.use(state.Plugin())  # the next node
         monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / name))
         node = registry(tmp_path / name)
         cls = node._LazyRegisteredModel

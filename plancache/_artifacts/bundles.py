@@ -114,12 +114,13 @@ class CacheBundles:
             deadline=deadline,
             cancelled=cancelled,
         )
-        result = CacheFetched(read.reason)
-        for manifest, installed in read.got:
-            result.bundles += 1
-            result.installed += installed
-            result.known.update(e.path for e in manifest.files)
-        result.seconds = time.monotonic() - start
+        result = CacheFetched(
+            read.reason,
+            bundles=len(read.got),
+            installed=sum(installed for _, installed in read.got),
+            known=frozenset(e.path for manifest, _ in read.got for e in manifest.files),
+            seconds=time.monotonic() - start,
+        )
         count(f"cache_{kind}", result.reason, result.seconds)
         return result
 

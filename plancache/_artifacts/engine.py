@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from plancache import _background as background
+from plancache import _events as events
 from plancache import _metrics as metrics
 from plancache._artifacts.claims import CLAIM_SUFFIX, claim
 from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, Manifest
@@ -63,15 +64,13 @@ from plancache._defaults import (
     DEFAULT_FETCH_S,
 )
 from plancache._objects import ObjectLayer, Opened
+from plancache._reasons import INSTALLED, Reason
 from plancache._redaction import printable
 from plancache._store import PlanStore
 from plancache.errors import ArtifactError, PlanStoreError, PlanStoreReadOnlyError
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
-
-INSTALLED = ("hit", "present")
-"""The reasons of a read that found what it looked for."""
 
 
 @dataclass(frozen=True)
@@ -99,28 +98,29 @@ class CompileSettings:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fetched:
     """What a fetch did: ``manifest`` installed (None: nothing), from ``source``, the reason
-    (``hit``, ``miss``, ``present``, ``untrusted``, ``invalid``, ``store-error``, ``timeout``,
-    ``slow``: it could not beat compiling) and the seconds it took."""
+    (one of ``FETCH_REASONS``: ``hit``, ``miss``, ``present``, ``untrusted``, ``invalid``,
+    ``store-error``, ``timeout``, ``slow``: it could not beat compiling) and the seconds it
+    took."""
 
-    reason: str
+    reason: Reason
     manifest: Manifest | None = None
     source: str = ""
     seconds: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheFetched:
     """What a cache fetch did: the reason (``hit``: a bundle at least was installed, else as
     ``Fetched``'s), the bundles and files installed, every path the bundles read list, and
     the seconds it took."""
 
-    reason: str
+    reason: Reason
     bundles: int = 0
     installed: int = 0
-    known: set[str] = field(default_factory=set)
+    known: frozenset[str] = frozenset()
     seconds: float = 0.0
 
 
@@ -139,40 +139,40 @@ class Read(Generic[T]):
     """What ``Engine.read`` did: the reason (see ``Fetched``), the source it ends with, and
     what was installed (one item per object installed; none where it was ``present``)."""
 
-    reason: str = "miss"
+    reason: Reason = Reason.MISS
     source: str = ""
     got: list[T] = field(default_factory=list)
 
-    def failed(self, reason: str, source: str) -> None:
+    def failed(self, reason: Reason, source: str) -> None:
         """A failure's reason, unless something was installed already."""
         if self.reason not in INSTALLED:
             self.reason, self.source = reason, source
 
 
-def failure(exc: Exception, timed_out: bool) -> str:
+def failure(exc: Exception, timed_out: bool) -> Reason:
     """The reason of a read that raised ``exc`` (``timed_out``: its deadline had passed or
     its caller stopped waiting)."""
     if not isinstance(exc, ArtifactError):
-        return "store-error"
+        return Reason.STORE_ERROR
     if timed_out or isinstance(exc, TimedOut):
-        return "timeout"
+        return Reason.TIMEOUT
     if isinstance(exc, TooSlow):
-        return "slow"
-    return exc.reason if isinstance(exc, Refused) else "invalid"
+        return Reason.SLOW
+    return exc.reason if isinstance(exc, Refused) else Reason.INVALID
 
 
-def count(kind: str, reason: str, seconds: float, manifest: Manifest | None = None) -> None:
+def count(kind: str, reason: Reason, seconds: float, manifest: Manifest | None = None) -> None:
     """The metrics of one fetch (``plancache._metrics``): the decision; on a hit, the bytes
     and the seconds saved against the producer's recorded cost; on a fetch given up, the
     seconds it cost."""
     model = manifest.labels.get("model", "") if manifest is not None else ""
-    metrics.decision(kind, reason, seconds, model)
-    if reason == "hit" and manifest is not None:
+    events.decision(kind, reason, seconds, model)
+    if reason is Reason.HIT and manifest is not None:
         metrics.moved(kind, "fetched", manifest.total_size)
         cost = manifest.producer.get("compile_s")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             metrics.saved(kind, float(cost) - seconds, model)
-    elif reason in ("slow", "timeout"):
+    elif reason in (Reason.SLOW, Reason.TIMEOUT):
         metrics.lost(kind, seconds, model)
 
 
@@ -229,7 +229,7 @@ class Engine(Trust):
             try:
                 listed = list(names(source.layer))
             except Exception as exc:  # the node builds what it needs as usual
-                out.failed("store-error", source.label)
+                out.failed(Reason.STORE_ERROR, source.label)
                 log.warning(
                     "plancache: %s from %s: %s: %s",
                     what,
@@ -239,11 +239,11 @@ class Engine(Trust):
                 )
                 continue
             if listed and not self.may_download(source.local):
-                out.failed("untrusted", source.label)
+                out.failed(Reason.UNTRUSTED, source.label)
                 continue  # found, refused, not even downloaded
             for name in listed:
                 if deadline is not None and time.monotonic() > deadline:
-                    out.failed("timeout", source.label)
+                    out.failed(Reason.TIMEOUT, source.label)
                     return out
                 reason, got = self._attempt(what, source, name, install, deadline, cancelled)
                 if reason in INSTALLED:
@@ -251,9 +251,9 @@ class Engine(Trust):
                     out.got.extend([] if got is None else [got])
                     if not every:
                         return out
-                elif reason != "miss":
+                elif reason is not Reason.MISS:
                     out.failed(reason, source.label)
-                    if reason in ("timeout", "slow"):
+                    if reason in (Reason.TIMEOUT, Reason.SLOW):
                         return out
         return out
 
@@ -265,13 +265,13 @@ class Engine(Trust):
         install: Callable[[Source, str, Opened], T | None],
         deadline: float | None,
         cancelled: Callable[[], bool],
-    ) -> tuple[str, T | None]:
+    ) -> tuple[Reason, T | None]:
         """Open ``name`` in ``source`` and install it: the reason and what was installed."""
         opened: Opened | None = None
         try:
             opened = source.layer.open_object(name)
             if opened is None:
-                return "miss", None
+                return Reason.MISS, None
             try:
                 got = install(source, name, opened)
             finally:
@@ -279,9 +279,9 @@ class Engine(Trust):
         except Exception as exc:  # refused, corrupt, slow, store errors: the node builds it
             late = deadline is not None and time.monotonic() > deadline
             reason = failure(exc, late or cancelled())
-            if reason == "untrusted" and opened is not None and opened.foreign is not None:
+            if reason is Reason.UNTRUSTED and opened is not None and opened.foreign is not None:
                 warn_foreign(f"{source.layer.url}/{name}", opened.foreign)  # once per place
-            elif reason == "store-error":
+            elif reason is Reason.STORE_ERROR:
                 log.warning(
                     "plancache: %s %s from %s: %s: %s",
                     what,
@@ -299,7 +299,7 @@ class Engine(Trust):
                     printable(str(exc)),
                 )
             return reason, None
-        return ("hit" if got is not None else "present"), got
+        return (Reason.HIT if got is not None else Reason.PRESENT), got
 
     def write(
         self,

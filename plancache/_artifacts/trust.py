@@ -31,6 +31,7 @@ from typing import Protocol
 
 from plancache._objects import ObjectLayer
 from plancache._plan import Signature
+from plancache._reasons import Reason
 from plancache._signing import Keyring, SignatureVerdict
 from plancache.errors import ArtifactError
 
@@ -69,9 +70,9 @@ class Refused(ArtifactError):
         super().__init__(f"{what} refused: {self.why}")
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         """The reason code of a fetch refused so: ``untrusted`` or ``invalid``."""
-        return "untrusted" if self.refusal.untrusted else "invalid"
+        return Reason.UNTRUSTED if self.refusal.untrusted else Reason.INVALID
 
 
 def refused(reason: Refused | str) -> Refused:

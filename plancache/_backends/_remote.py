@@ -132,7 +132,7 @@ def split_url(url: str) -> tuple[str, str, str]:
     parts = urlsplit(url)
     bucket = parts.netloc.rpartition("@")[2]
     if not bucket:
-        raise ValueError(f"{parts.scheme}:// URL names no bucket")
+        raise UnsupportedStoreError(f"{parts.scheme}:// URL names no bucket")
     return parts.scheme.lower(), bucket, parts.path.strip("/")
 
 

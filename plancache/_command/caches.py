@@ -235,7 +235,7 @@ def _recorded(cache: GeneratedCache) -> set[str]:
     return set(known)
 
 
-def _remember(cache: GeneratedCache, known: set[str]) -> None:
+def _remember(cache: GeneratedCache, known: frozenset[str] | set[str]) -> None:
     """Add ``known`` to the record of ``cache``'s pulls (this user's only, 0600): a new temp
     file renamed over it, through the directory's guarded handle (never through a link)."""
     data = orjson.dumps(

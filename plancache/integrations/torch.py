@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plancache import Reason
 from plancache.caches import CacheShare, GeneratedCache, device, directory_cache
 from plancache.errors import ConfigError
 
@@ -100,7 +101,7 @@ class MegaCacheLoaded:
     load returned (torch's ``CacheInfo``), and the seconds it all took."""
 
     name: str
-    reason: str
+    reason: Reason
     loaded: int = 0
     failed: int = 0
     left_out: int = 0
@@ -158,7 +159,7 @@ def load(name: str, *, gpu: str | None = None, share: CacheShare | None = None) 
     ``torch.compiler.load_cache_artifacts``, in the order of their digests. Never raises: a
     failure is logged and reported (``reason``, ``failed``); torch then compiles as usual."""
     start = time.monotonic()
-    result = MegaCacheLoaded(name, "error")
+    result = MegaCacheLoaded(name, Reason.ERROR)
     opened = share
     try:
         opened = CacheShare.from_env() if share is None else share
@@ -183,7 +184,7 @@ def load(name: str, *, gpu: str | None = None, share: CacheShare | None = None) 
                     result.infos.append(info)
     except Exception as exc:  # never into the program: it compiles as usual
         log.warning("plancache: mega-cache %s: %s: %s", name, type(exc).__name__, exc)
-        result.reason = "error"
+        result.reason = Reason.ERROR
     finally:
         if share is None and opened is not None:
             try:

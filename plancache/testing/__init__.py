@@ -9,7 +9,9 @@ contract suite and loopback servers (install with ``pip install 'plancache[test]
   conditional writes or inject errors, for fault injection.
 - ``make_plan``, ``GiB``, ``FACTORS``: plans for tests; ``child_env``: environments for the
   processes tests start; ``plan_object_name``: the object a plan is stored as;
-  ``LocalStore``: the local directory backend, to start a backend of your own from.
+  ``LocalLayer``: the local directory backend (an ``ObjectLayer``), to start a backend of
+  your own from (``LocalStore``, its 0.4.0 name, resolves with a ``DeprecationWarning``
+  until 0.6.0).
 
 Nothing in ``plancache`` itself imports this package. Importing it loads neither pytest nor
 a server library: the contract classes load on first use, the servers when they start.
@@ -18,9 +20,10 @@ a server library: the contract classes load on first use, the servers when they 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from plancache._backends.local import LocalStore
+from plancache._backends.local import LocalStore as LocalLayer
 from plancache._keys import plan_object_name
 from plancache._units import GiB
 from plancache.testing import hostile, servers
@@ -36,7 +39,7 @@ __all__ = [
     "PACKAGE_ROOT",
     "SETTINGS_VARS",
     "GiB",
-    "LocalStore",
+    "LocalLayer",
     "ObjectStoreContract",
     "StoreContract",
     "child_env",
@@ -51,8 +54,24 @@ _LAZY = {"StoreContract": "contract", "ObjectStoreContract": "object_contract"}
 """The classes imported on first use, by the module of this package that holds each."""
 
 
+RENAMED = {"LocalStore": "LocalLayer"}
+"""0.4.0's names of the kit that said the wrong thing, and the names that replace them (each
+resolves with a ``DeprecationWarning`` until ``RENAMED_REMOVED_IN``)."""
+RENAMED_REMOVED_IN = "0.6.0"
+
+
 def __getattr__(name: str) -> Any:
-    """``StoreContract`` and ``ObjectStoreContract``, imported (with pytest) on first use."""
+    """``StoreContract`` and ``ObjectStoreContract``, imported (with pytest) on first use;
+    the names of ``RENAMED``, with a ``DeprecationWarning``."""
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in RENAMED:
+        new = RENAMED[name]
+        warnings.warn(
+            f"plancache.testing.{name} is deprecated: use plancache.testing.{new} "
+            f"(removed in plancache {RENAMED_REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

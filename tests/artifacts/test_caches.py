@@ -27,7 +27,7 @@ from plancache._inventory import artifacts as inventory
 from plancache._keys import fingerprint
 from plancache._signing import Keyring
 from plancache.errors import ArtifactError, InvalidPlanError, UnreadableHereError
-from plancache.testing import LocalStore
+from plancache.testing import LocalLayer as LocalStore
 from plancache.testing.servers import MotoS3
 from tests.artifacts.helpers import artifact_store
 

@@ -12,7 +12,8 @@ from plancache._artifacts.packing import pack
 from plancache._inventory import artifacts as inventory
 from plancache._objects import Opened
 from plancache._signing import Keyring
-from plancache.testing import LocalStore, child_env
+from plancache.testing import LocalLayer as LocalStore
+from plancache.testing import child_env
 from tests.artifacts.helpers import KEY, RANK, make_tree
 from tests.cli.helpers import run
 

@@ -17,7 +17,7 @@ from plancache._artifacts.engine import CompileSettings
 from plancache._artifacts.manifest import artifact_object_name
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
-from plancache.testing import LocalStore
+from plancache.testing import LocalLayer as LocalStore
 from plancache.testing.servers import CountingProxy
 from tests.artifacts.helpers import KEY, RANK, make_tree, stream
 from tests.cli.helpers import ok

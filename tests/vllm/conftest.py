@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 
 import plancache.integrations.vllm as plugin
-from plancache.integrations.vllm import apply, factors, registration
+from plancache.integrations.vllm import factors, registration, state
 from plancache.testing import SETTINGS_VARS
 from tests.vllm.launcher import Launcher
 from tests.vllm.support import boot_env, fake_device_factors, fake_software_factors, load_standin
@@ -23,10 +23,6 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
         monkeypatch.delenv(name, raising=False)
     directory = tmp_path / "plans"
     monkeypatch.setenv("PLANCACHE_URL", str(directory))
-    monkeypatch.setattr(apply, "_cache", None)
-    monkeypatch.setattr(apply, "_breaker", None)
-    monkeypatch.setattr(apply, "_env_settings", None)
-    monkeypatch.setattr(apply, "_config_error", None)
     monkeypatch.setattr(registration, "_registered", False)
     monkeypatch.setattr(factors, "software_factors", fake_software_factors)
     monkeypatch.setattr(factors, "device_factors", fake_device_factors)
@@ -34,7 +30,9 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setattr(ours, "handlers", [])
     monkeypatch.setattr(ours, "propagate", True)
     monkeypatch.setattr(ours, "level", logging.NOTSET)
+    previous = state.use(state.Plugin())  # this test's own plugin state
     yield directory
+    state.use(previous)
 
 
 @pytest.fixture

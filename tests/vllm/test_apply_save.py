@@ -16,7 +16,7 @@ import plancache.integrations.vllm as plugin
 from plancache import Plan, PlanCache, PlanStore, fingerprint
 from plancache._backends.local import LocalStore
 from plancache._defaults import EXPLAIN_DIR
-from plancache.integrations.vllm import BootMode, apply
+from plancache.integrations.vllm import BootMode, apply, state
 from plancache.testing import GiB
 from tests.vllm.support import booted, key_of, stored
 
@@ -117,7 +117,7 @@ def test_stalled_store_profiles_within_budget(
         def put(self, plan: Plan) -> None:
             time.sleep(30)
 
-    monkeypatch.setattr(apply, "_cache", PlanCache(lambda: Stalled(), timeout=0.3))  # type: ignore[arg-type,return-value]
+    state.use(state.Plugin(cache=PlanCache(lambda: Stalled(), timeout=0.3)))  # type: ignore[arg-type,return-value]
     worker = gpu.Worker(profiled_kv=30 * GiB)
     start = time.perf_counter()
     assert booted(worker) == 30 * GiB
@@ -197,7 +197,7 @@ def test_the_timing_data_never_steers_the_decision(
             time.sleep(0.3)
             return super()._read(fp)
 
-    monkeypatch.setattr(apply, "_cache", PlanCache(Slow(LocalStore(store_dir)), timeout=5.0))
+    state.use(state.Plugin(cache=PlanCache(Slow(LocalStore(store_dir)), timeout=5.0)))
     worker = gpu.Worker()
     worker.load_model()
     boot = apply.boot_of(worker)
@@ -221,7 +221,7 @@ def test_the_budget_runs_from_the_lookups_start(
             return super()._read(fp)
 
     budget = 3.0
-    monkeypatch.setattr(apply, "_cache", PlanCache(Dead(LocalStore(store_dir)), timeout=budget))
+    state.use(state.Plugin(cache=PlanCache(Dead(LocalStore(store_dir)), timeout=budget)))
     worker = gpu.Worker()
     try:
         worker.load_model()

@@ -14,7 +14,7 @@ import pytest
 
 import plancache.integrations.vllm as plugin
 from plancache._signing import key_id
-from plancache.integrations.vllm import apply, patch, registration
+from plancache.integrations.vllm import patch, registration, state
 from plancache.testing import child_env
 from tests.vllm.support import REPO, STANDIN, booted, load_standin, run_python, vllm_installed
 
@@ -83,13 +83,14 @@ def test_register_opens_the_store_before_any_lookup(
     plugin.register()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        cache = apply._cache
+        cache = state.current().cache
         if cache is not None and cache._opening is not None and cache._opening.value is not None:
             break
         time.sleep(0.01)
-    assert apply._cache is not None and apply._cache._opening is not None
-    assert repr(apply._cache._opening.value) == f"PlanStore(LocalStore({str(store_dir)!r}))"
-    assert apply._cache.store.url == str(store_dir)
+    cache = state.current().cache
+    assert cache is not None and cache._opening is not None
+    assert repr(cache._opening.value) == f"PlanStore(LocalStore({str(store_dir)!r}))"
+    assert cache.store.url == str(store_dir)
 
 
 def test_register_without_the_worker_module_warns(tmp_path: Path) -> None:

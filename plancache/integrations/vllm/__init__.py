@@ -16,8 +16,9 @@ are listed once, in the documentation (``docs/vllm.md``, "Guarantees").
 
 Modules: ``registration`` (the entry point, logs; whether the plugin acts is
 ``plancache._switches``),
-``patch`` (the import hook and the method wrappers), ``apply`` (lookup, crash marks, apply,
-the boot state, the process's cache and breaker), ``save`` (the save after warm-up),
+``patch`` (the import hook and the method wrappers), ``state`` (the process's plugin state,
+one object), ``apply`` (lookup, crash marks, apply, the boot state), ``save`` (the save
+after warm-up),
 ``factors`` (the plan key's factors), ``agreement`` (the rank agreement), ``worker`` (the
 worker attributes read), ``compile`` (vLLM's torch.compile AOT artifacts, fetched from and
 uploaded to the same store: see ``plancache._artifacts``).
@@ -32,6 +33,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from plancache._background import Job as BackgroundJob
+    from plancache._breaker import Mark as CrashMark
+    from plancache._breaker import Process as CrashMarkWriter
     from plancache._switches import enabled
     from plancache.integrations.vllm.apply import (
         Boot,
@@ -62,6 +66,9 @@ _LAZY = {
         ("Boot", "BootMode", "boot_of", "maybe_apply_startup_plan", "warmed_up"), "apply"
     ),
     "enabled": "plancache._switches",
+    "BackgroundJob": "plancache._background:Job",
+    "CrashMark": "plancache._breaker:Mark",
+    "CrashMarkWriter": "plancache._breaker:Process",
     **dict.fromkeys(
         ("WorkerFactors", "device_factors", "software_factors", "worker_factors", "worker_labels"),
         "factors",
@@ -80,8 +87,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    path = module if "." in module else f"{__name__}.{module}"
-    value = getattr(importlib.import_module(path), name)
+    path, _, attr = module.partition(":")  # "module:attr" where the names differ
+    path = path if "." in path else f"{__name__}.{path}"
+    value = getattr(importlib.import_module(path), attr or name)
     globals()[name] = value
     return value
 
@@ -94,8 +102,11 @@ __all__ = [
     "BUILTIN_FUNCTIONS",
     "TARGET_MODULE",
     "WRAPPED_METHODS",
+    "BackgroundJob",
     "Boot",
     "BootMode",
+    "CrashMark",
+    "CrashMarkWriter",
     "MemoryFigures",
     "WorkerFactors",
     "WorkerLike",

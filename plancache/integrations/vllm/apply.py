@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from plancache import _background as background
+from plancache import _events as events
 from plancache._background import Job
 from plancache._cache import Decision, PendingLookup, PlanCache, Recorded
 from plancache._defaults import EXPLAIN_DIR
@@ -40,6 +40,7 @@ from plancache.integrations.vllm.factors import (
     worker_factors,
     worker_labels,
 )
+from plancache.integrations.vllm.state import Plugin, current
 from plancache.integrations.vllm.worker import WorkerLike, memory_figures
 
 if TYPE_CHECKING:  # imported on first use: registering the plugin stays cheap
@@ -53,11 +54,6 @@ STATE_ATTR = "_plancache_boot"
 
 P = ParamSpec("P")
 T = TypeVar("T")
-_lock = threading.Lock()
-_cache: PlanCache | None = None
-_breaker: Breaker | None = None
-_env_settings: Settings | None = None
-_config_error: str | None = None
 """Why this process's settings cannot be used (then the plugin is off), once known."""
 builtins: dict[str, Callable[..., object]] = {}
 """vLLM's own startup-plan functions by name, kept by the patch: they run for a worker whose
@@ -128,48 +124,47 @@ def safely(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
         return None
 
 
-def _settings() -> Settings:
-    """This process's settings, read from the environment once (call under ``_lock``). If
-    they cannot be used, logs one ERROR and raises ``ConfigError`` at this and every later
-    call: the plugin is off for the process."""
-    global _env_settings, _config_error
-    if _config_error is not None:
-        raise ConfigError(_config_error)
-    if _env_settings is None:
+def _settings(plugin: Plugin) -> Settings:
+    """This process's settings, read from the environment once (call under
+    ``plugin.plans_lock``). If they cannot be used, logs one ERROR and raises ``ConfigError``
+    at this and every later call: the plugin is off for the process."""
+    if plugin.config_error is not None:
+        raise ConfigError(plugin.config_error)
+    if plugin.settings is None:
         from plancache._config import Settings
 
         try:
-            _env_settings = Settings.from_env()
+            plugin.settings = Settings.from_env()
         except ConfigError as exc:
-            _config_error = str(exc)
+            plugin.config_error = str(exc)
             log.error(
                 "plancache: %s; plancache is off in this process: no plan is applied or "
                 "recorded, every boot profiles",
                 exc,
             )
             raise
-    return _env_settings
+    return plugin.settings
 
 
 def get_cache() -> PlanCache:
-    """This process's cache, made from the environment on first use."""
-    global _cache
-    with _lock:
-        if _cache is None:
-            _cache = PlanCache.from_settings(_settings())
-        return _cache
+    """This process's cache (``state.current()``), made from the environment on first use."""
+    plugin = current()
+    with plugin.plans_lock:
+        if plugin.cache is None:
+            plugin.cache = PlanCache.from_settings(_settings(plugin))
+        return plugin.cache
 
 
 def get_breaker() -> Breaker:
     """This process's crash-loop breaker, made from the environment on first use: its marks
     live in the local tier, else in the local store, else in the default directory."""
-    global _breaker
-    with _lock:
-        if _breaker is None:
+    plugin = current()
+    with plugin.plans_lock:
+        if plugin.breaker is None:
             from plancache._breaker import Breaker
 
-            _breaker = Breaker.from_settings(_settings())
-        return _breaker
+            plugin.breaker = Breaker.from_settings(_settings(plugin))
+        return plugin.breaker
 
 
 class _BackgroundRetract:
@@ -370,9 +365,9 @@ def _explain(boot: Boot) -> str:
     decision, factors = boot.decision, boot.factors
     if decision is None or decision.reason is not Reason.MISS or not decision.fingerprint:
         return ""
-    if factors is None or _env_settings is None:
+    settings = current().settings
+    if factors is None or settings is None:
         return ""
-    settings = _env_settings
     path = Path(settings.local_dir) / EXPLAIN_DIR / f"{decision.fingerprint}.json"
     keep = functools.partial(
         keep_for_explain, settings.local_dir, decision.fingerprint, factors, boot.labels
@@ -436,8 +431,44 @@ def _conclude(worker: WorkerLike, boot: Boot, vote: Vote, tally: Tally) -> None:
             why = boot.decision.reason
         elif boot.decision is not None and vote is Vote.PROFILE:
             why = "no crash mark could be written, so the plan is not applied"
-        elif _config_error is not None:
+        elif current().config_error is not None:
             why = "plancache is off: configuration error"
         log.info(
             "plancache: rank %s profiles (%s) fp=%s%s%s", rank, why, fp, agreement, _explain(boot)
         )
+    _boot_event(rank, boot, vote)
+
+
+def _boot_event(rank: object, boot: Boot, vote: Vote) -> None:
+    """The ``boot`` event of this rank (``plancache._events``): whether the plan was applied,
+    whether it was provisional, and the reason, as the log line above tells it."""
+    decision = boot.decision
+    plan = None if decision is None else decision.plan
+    provisional = (
+        plan is not None and decision is not None and decision.observation in plan.provisional
+    )
+    applied = boot.mode is BootMode.APPLIED
+    if vote is Vote.EXPLICIT:
+        reason = Reason.EXPLICIT
+    elif applied:
+        reason = Reason.HIT
+    elif decision is not None and not decision.hit:
+        reason = decision.reason
+    elif decision is not None and vote is Vote.PROFILE:
+        reason = Reason.NO_CRASH_MARK
+    elif vote is Vote.APPLY:
+        reason = Reason.OTHER_RANK
+    elif current().config_error is not None:
+        reason = Reason.CONFIG_ERROR
+    else:
+        reason = Reason.MISS
+    fingerprint = None if decision is None else decision.fingerprint
+    events.emit(
+        "boot",
+        "plans",
+        reason,
+        rank=rank,
+        applied=applied,
+        provisional=applied and provisional,
+        fingerprint=fingerprint,
+    )

@@ -47,7 +47,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -61,23 +60,13 @@ from plancache.caches import GeneratedCache, directory_cache, triton_cache
 from plancache.integrations import triton
 from plancache.integrations.vllm import compile
 from plancache.integrations.vllm.apply import safely
+from plancache.integrations.vllm.state import Plugin, current
 
 log = logging.getLogger("plancache.vllm")
 
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 READY = "compile_or_warm_up_model"
 MARK = "__plancache_caches__"
-
-
-_lock = threading.Lock()
-_fetching: Job[None] | None = None
-_known: dict[GeneratedCache, set[str]] = {}
-"""The paths the bundles read at the fetch list, per cache."""
-_bundles: dict[GeneratedCache, int] = {}
-"""How many bundles the fetch read, per cache."""
-_before: dict[GeneratedCache, frozenset[str]] = {}
-"""Triton's group files already there when the fetch started: not compiled by this boot."""
-_ready = False
 
 
 def hook() -> None:
@@ -165,28 +154,29 @@ def _flashinfer_autotune() -> GeneratedCache | None:
 
 def start_fetch() -> Job[None] | None:
     """Fetch every shared cache in a daemon thread (once per process); the job."""
-    global _fetching
     if not compile.settings().enabled:
         return None
-    with _lock:
-        if _fetching is None:
-            _fetching = background.start(_fetch_all, "plancache-caches-fetch")
-        return _fetching
+    plugin = current()
+    with plugin.caches_lock:
+        if plugin.fetching is None:
+            fetch = functools.partial(_fetch_all, plugin)
+            plugin.fetching = background.start(fetch, "plancache-caches-fetch")
+        return plugin.fetching
 
 
-def _fetch_all() -> None:
+def _fetch_all(plugin: Plugin) -> None:
     artifacts = compile.opened()
     if artifacts is None:
         return
     for cache in caches():
         if cache.kind == "triton":
             there = frozenset(triton.compiled_since(cache.root, frozenset()))
-            with _lock:
-                _before[cache] = there
+            with plugin.caches_lock:
+                plugin.before[cache] = there
         fetched = artifacts.fetch_cache(cache.kind, cache.scope, cache.root)
-        with _lock:
-            _known.setdefault(cache, set()).update(fetched.known)
-            _bundles[cache] = _bundles.get(cache, 0) + fetched.bundles
+        with plugin.caches_lock:
+            plugin.known.setdefault(cache, set()).update(fetched.known)
+            plugin.bundles[cache] = plugin.bundles.get(cache, 0) + fetched.bundles
         log.info(
             "plancache: %s cache: %s, %d bundles, %d files installed (%.3f s)",
             cache.kind,
@@ -200,25 +190,26 @@ def _fetch_all() -> None:
 def ready() -> Job[object] | None:
     """The boot is ready: upload, in a daemon thread, what it added to every shared cache
     (see the module docstring; once per process). The job, or None."""
-    global _ready
-    with _lock:
-        if _ready or not compile.settings().enabled:
+    plugin = current()
+    with plugin.caches_lock:
+        if plugin.ready or not compile.settings().enabled:
             return None
-        _ready = True
+        plugin.ready = True
     earlier = compile.uploads.running()
-    return compile.uploads.start(_upload_all, earlier)
+    return compile.uploads.start(_upload_all, plugin, earlier)
 
 
-def _upload_all(earlier: list[Job[object]]) -> None:
+def _upload_all(plugin: Plugin, earlier: list[Job[object]]) -> None:
     deadline = time.monotonic() + compile.settings().exit_wait
-    for job in earlier + ([_fetching] if _fetching is not None else []):
+    fetching = [plugin.fetching] if plugin.fetching is not None else []
+    for job in earlier + fetching:
         job.join(max(0.0, deadline - time.monotonic()))  # the artifact first: its files are known
     artifacts = compile.store()
     if artifacts is None:
         return
     compile.upload_additions(artifacts)
     for cache in caches():
-        _upload(artifacts, cache)
+        _upload(plugin, artifacts, cache)
     tally = metrics.tally()
     if not tally:  # this process decided nothing: nothing to report
         return
@@ -227,12 +218,12 @@ def _upload_all(earlier: list[Job[object]]) -> None:
     log.info("plancache: boot report %s: %s", report.name, written or "not written")
 
 
-def _upload(artifacts: ArtifactStore, cache: GeneratedCache) -> None:
+def _upload(plugin: Plugin, artifacts: ArtifactStore, cache: GeneratedCache) -> None:
     start = time.monotonic()
-    with _lock:
-        known = frozenset(_known.get(cache, ()))
-        bundles = _bundles.get(cache, 0)
-        before = _before.get(cache, frozenset())
+    with plugin.caches_lock:
+        known = frozenset(plugin.known.get(cache, ()))
+        bundles = plugin.bundles.get(cache, 0)
+        before = plugin.before.get(cache, frozenset())
     if cache.kind == "triton":  # kernels this boot compiled although bundles were installed
         triton.report_rebuilt(triton.compiled_since(cache.root, known | before), bundles)
     try:

@@ -58,13 +58,13 @@ from plancache._artifacts.compiled import ARTIFACT_MARKS_DIR, artifact_id, as_ob
 from plancache._artifacts.engine import CompileSettings, Fetched, Uploads
 from plancache._artifacts.manifest import INDUCTOR_DIR, Manifest, check_key, check_rank
 from plancache._artifacts.store import ArtifactStore
-from plancache._background import Job
 from plancache._breaker import Breaker, Mark
 from plancache._observation import Observation
 from plancache.integrations.vllm.apply import safely
 from plancache.integrations.vllm.compile_miss import FACTORS_LABEL, name_miss_later
 from plancache.integrations.vllm.compiling import PREFETCH_ATTR, aot_factors
 from plancache.integrations.vllm.prefetch import MARK, Prefetch, wrap_decorator
+from plancache.integrations.vllm.state import Plugin, current
 
 log = logging.getLogger("plancache.vllm")
 
@@ -75,15 +75,6 @@ DECORATOR = "_support_torch_compile"
 uploads = Uploads()
 """This process's background uploads (``uploads.wait(seconds)`` joins them)."""
 
-_lock = threading.Lock()
-_settings: CompileSettings | None = None
-_store: ArtifactStore | None = None
-_opening: Job[None] | None = None
-_used: dict[Path, set[str]] = {}
-"""The ``<key>`` directories vLLM loaded or compiled in this process, with their ranks."""
-_additions_known: dict[Path, set[str]] = {}
-"""The ``inductor_cache/`` paths the stored bundles of each ``<key>`` directory list."""
-
 
 def wanted() -> bool:
     """True if compile artifacts are shared in this process (``PLANCACHE_COMPILE_CACHE``,
@@ -92,15 +83,15 @@ def wanted() -> bool:
 
 
 def settings() -> CompileSettings:
-    global _settings
-    with _lock:
-        if _settings is None:
+    plugin = current()
+    with plugin.compile_lock:
+        if plugin.compile_settings is None:
             try:
-                _settings = CompileSettings.from_env()
+                plugin.compile_settings = CompileSettings.from_env()
             except ValueError as exc:
                 log.warning("plancache: compile artifacts not shared: %s", exc)
-                _settings = CompileSettings(enabled=False)
-        return _settings
+                plugin.compile_settings = CompileSettings(enabled=False)
+        return plugin.compile_settings
 
 
 def hook() -> None:
@@ -113,15 +104,15 @@ def hook() -> None:
 
 def _start_opening() -> None:
     """Open the store in a daemon thread (once), and bound the uploads at exit."""
-    global _opening
-    with _lock:
-        if _opening is None:
-            _opening = background.start(_open, "plancache-compile-open")
+    plugin = current()
+    with plugin.compile_lock:
+        if plugin.opening is None:
+            opener = functools.partial(_open, plugin)
+            plugin.opening = background.start(opener, "plancache-compile-open")
             atexit.register(_at_exit)
 
 
-def _open() -> None:
-    global _store
+def _open(plugin: Plugin) -> None:
     from plancache._config import Settings
 
     try:
@@ -129,7 +120,7 @@ def _open() -> None:
     except Exception as exc:
         log.warning("plancache: compile artifacts not shared: %s: %s", type(exc).__name__, exc)
         return
-    _store = store
+    plugin.artifacts = store
 
 
 def opened() -> ArtifactStore | None:
@@ -141,11 +132,11 @@ def opened() -> ArtifactStore | None:
 def store(deadline: float | None = None) -> ArtifactStore | None:
     """The artifact store, once opened (waits for the opening until ``deadline``,
     monotonic; default: the fetch bound from now)."""
-    opening = _opening
-    if opening is not None:
+    plugin = current()
+    if plugin.opening is not None:
         limit = settings().fetch_timeout if deadline is None else deadline - time.monotonic()
-        opening.join(max(0.0, limit))
-    return _store
+        plugin.opening.join(max(0.0, limit))
+    return plugin.artifacts
 
 
 def breaker() -> Breaker:
@@ -224,8 +215,9 @@ def _before_load(model: Any, path: str) -> _Load | None:
         return None
     rank_dir = Path(path).parent
     attempt = _Load(rank_dir.parent, check_key(rank_dir.parent.name), check_rank(rank_dir.name))
-    with _lock:
-        _used.setdefault(attempt.root, set()).add(attempt.rank)
+    plugin = current()
+    with plugin.compile_lock:
+        plugin.used.setdefault(attempt.root, set()).add(attempt.rank)
     object.__setattr__(model, STARTED_ATTR, time.monotonic())  # a compile's cost, if it compiles
     _wrap_save(type(model))
     prefetch = getattr(model, PREFETCH_ATTR, None)
@@ -292,8 +284,9 @@ def _prepare(
         ", while the model loaded" if prefetched else "",
     )
     additions = artifacts.fetch_cache("inductor", key, root / INDUCTOR_DIR)
-    with _lock:
-        _additions_known.setdefault(root, set()).update(additions.known)
+    plugin = current()
+    with plugin.compile_lock:
+        plugin.additions_known.setdefault(root, set()).update(additions.known)
     if additions.bundles or additions.reason != "miss":
         log.info(
             "plancache: compile artifact %s: warm-up additions: %s, %d bundles, %d files "
@@ -310,13 +303,14 @@ def _prepare(
 def upload_additions(artifacts: ArtifactStore) -> None:
     """Store what this process's boot added to each ``<key>/inductor_cache/`` it used (a
     delta on the stored artifact and bundles: see the module docstring). Never raises."""
-    with _lock:
-        used = {root: set(ranks) for root, ranks in _used.items()}
+    plugin = current()
+    with plugin.compile_lock:
+        used = {root: set(ranks) for root, ranks in plugin.used.items()}
     for root, ranks in used.items():
         try:
             key = check_key(root.name)
-            with _lock:
-                known = set(_additions_known.get(root, ()))
+            with plugin.compile_lock:
+                known = set(plugin.additions_known.get(root, ()))
             for rank in ranks:  # the files of the artifact others install
                 stored = artifacts.stored_manifest(key, rank)
                 for entry in stored.files if stored is not None else ():
