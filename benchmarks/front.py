@@ -9,9 +9,12 @@ seconds. ``loop_lags`` samples, in a worker process, how late its event loop (fs
 which every node of the process sends its requests) wakes up.
 
 ``evidence`` turns what both sides recorded into one row per second of the run (requests,
-the store's answers, the harness's failures, the proxy's accept and answer latency, the
-listen queue, the clients' loop lag, the machine's load) and one verdict on the harness:
-it failed where it refused a connection, lost an answer from moto, or held a request, a
+the store's answers, the harness's failures, the proxy's accept and answer latency and what
+of it was the proxy's own and moto's, the listen queue, the clients' loop lag, the machine's
+load) and one verdict on the harness:
+it failed where a connection was not accepted (the kernel's count of connections dropped
+from full listen queues while the run lasted: the proxy's or moto's, the run's listeners,
+though the count is the machine's), lost an answer from moto, or held a request, a
 connection or a client's loop longer than a client waits to connect (``HARNESS_BOUND_S``):
 a client of a healthy store would then have given up on the harness, not on the store.
 """
@@ -175,20 +178,22 @@ def evidence(
     """Per second from ``start`` (``time.monotonic()`` of the window's opening): requests,
     the store's answers (``ok``: 2xx, 3xx, 404 and 412, the answers the protocol expects;
     ``503``; ``error``: any other), the harness's failures (``client-gone``,
-    ``upstream-failed``, ``handler-failed``), the proxy's answer latency p50/max and what of
-    it the harness added (its own part: beyond the designed delay and link), new
+    ``upstream-failed``, ``handler-failed``), the proxy's answer latency p50/max, the most
+    of it the proxy itself held (beyond the designed delay and link, and moto) and moto, new
     connections and their accept wait max, the listen queue's peak, the clients' loop lag
     max and the machine's load; then ``harness``, the verdict (see the module)."""
     rows: dict[int, dict[str, Any]] = defaultdict(lambda: Counter())
     answer: dict[int, list[float]] = defaultdict(list)
     own: dict[int, list[float]] = defaultdict(list)
+    moto: dict[int, list[float]] = defaultdict(list)
     waits: dict[int, list[float]] = defaultdict(list)
     for e in front["exchanges"]:
         s = int(e.at - start)
         rows[s]["requests"] += 1
         rows[s][_answer(e.outcome)] += 1
         answer[s].append(e.seconds)
-        own[s].append(e.seconds - e.held)
+        own[s].append(e.seconds - e.held - e.upstream)
+        moto[s].append(e.upstream)
     for a in front["accepted"]:
         waits[int(a.at - start)].append(a.waited)
     queue: dict[int, int] = {}
@@ -202,7 +207,7 @@ def evidence(
     lag: dict[int, float] = {}
     for t, late in lags:
         lag[int(t - start)] = max(lag.get(int(t - start), 0.0), late)
-    seconds = sorted(set(rows) | set(waits) | set(lag) | set(queue))
+    seconds = sorted(s for s in set(rows) | set(waits) | set(lag) | set(queue) if s >= 0)
     out = []
     for s in seconds:
         nxt = cpu.get(s + 1)
@@ -213,7 +218,8 @@ def evidence(
                 **rows[s],
                 "answer_p50_ms": _ms(answer[s], 0.5),
                 "answer_max_ms": _ms(answer[s], 1.0),
-                "harness_max_ms": _ms(own[s], 1.0),
+                "proxy_max_ms": _ms(own[s], 1.0),
+                "moto_max_ms": _ms(moto[s], 1.0),
                 "connections": len(waits[s]),
                 "accept_max_ms": _ms(waits[s], 1.0),
                 "queue_max": queue.get(s),
@@ -228,7 +234,6 @@ def _verdict(front: dict[str, Any], seconds: list[dict[str, Any]]) -> dict[str, 
     """The harness's failures over the run, and why it failed (empty: it kept up)."""
     sizes = [size for _, _, size, _ in front["samples"] if size is not None]
     peak = max((r["queue_max"] or 0 for r in seconds), default=0)
-    full = bool(sizes) and peak >= min(sizes)
     counts = Counter(_answer(e.outcome) for e in front["exchanges"])
 
     def worst(key: str) -> float:
@@ -242,18 +247,20 @@ def _verdict(front: dict[str, Any], seconds: list[dict[str, Any]]) -> dict[str, 
         "listen_queue_peak": peak,
         "listen_queue_size": min(sizes) if sizes else None,
         "accept_max_s": worst("accept_max_ms"),
-        "harness_max_s": worst("harness_max_ms"),
+        "proxy_max_s": worst("proxy_max_ms"),
+        "moto_max_s": worst("moto_max_ms"),
         "loop_lag_max_s": worst("loop_lag_max_ms"),
     }
     why = []
-    if full and front["listen_overflows"]:
-        why.append(f"{front['listen_overflows']} connections not accepted (listen queue full)")
+    if front["listen_overflows"]:  # the proxy's queue, or moto's behind it
+        why.append(f"{front['listen_overflows']} connections not accepted (a listen queue full)")
     for key, what in (("upstream_failed", "answers lost by moto"), ("handler_failed", "")):
         if figures[key]:
             why.append(f"{figures[key]} {what or 'requests the proxy failed'}")
     for key, what in (
         ("accept_max_s", "a connection waited"),
-        ("harness_max_s", "the proxy and moto held a request"),
+        ("proxy_max_s", "the proxy held a request"),
+        ("moto_max_s", "moto held a request"),
         ("loop_lag_max_s", "a client's event loop stalled"),
     ):
         if figures[key] > HARNESS_BOUND_S:

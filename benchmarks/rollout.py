@@ -597,8 +597,9 @@ def _harness(r: dict[str, Any]) -> str:
         f"harness: {h['client_gone']} clients gone before their answer, "
         f"{h['upstream_failed']} answers lost by moto, {overflows} listen overflows on the "
         f"machine (the proxy's queue peaked at {h['listen_queue_peak']} of "
-        f"{h['listen_queue_size']}); worst: accept {h['accept_max_s'] * 1e3:.0f} ms, proxy + "
-        f"moto {h['harness_max_s'] * 1e3:.0f} ms, a node process's event loop "
+        f"{h['listen_queue_size']}); worst: accept {h['accept_max_s'] * 1e3:.0f} ms, proxy "
+        f"{h['proxy_max_s'] * 1e3:.0f} ms, moto {h['moto_max_s'] * 1e3:.0f} ms, a node "
+        "process's event loop "
         f"{h['loop_lag_max_s'] * 1e3:.0f} ms late"
     )
 

@@ -169,8 +169,13 @@ class MotoS3(_Server):
 
     def start(self, port: int = 0) -> None:
         from moto.server import ThreadedMotoServer
+        from werkzeug.serving import BaseWSGIServer
 
         _serialize_moto_puts()
+        # werkzeug listens with a queue of 128: a rollout's proxy, one connection per
+        # request, overflowed it, and each connection the kernel dropped was tried again
+        # 1, 3, 7, 15 s later (held requests of up to 25 s, no fault of the store's)
+        BaseWSGIServer.request_queue_size = _HTTPServer.request_queue_size
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
         self._server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
         self._server.start()
@@ -386,6 +391,8 @@ class Exchange(NamedTuple):
     """From ``at`` to its answer sent (or the failure)."""
     held: float
     """Of ``seconds``, what the server waited on purpose (a proxy's delay, a link's pace)."""
+    upstream: float
+    """Of ``seconds``, what a proxy waited for the server behind it (connect and answer)."""
 
 
 class Accepted(NamedTuple):
@@ -417,8 +424,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     status: int | str = HANDLER_FAILED
     """What the exchange in progress answered (``reply``), or how it failed."""
-    held = 0.0
-    """Seconds the exchange in progress waited on purpose (``Exchange.held``)."""
+    held = upstream = 0.0
+    """Seconds the exchange in progress waited on purpose and for the server behind a proxy
+    (``Exchange``)."""
 
     def setup(self) -> None:
         super().setup()
@@ -564,7 +572,7 @@ class _HTTPService(_Server):
 
     def answer(self, h: _Handler) -> None:
         at = time.monotonic()
-        h.status, h.held = HANDLER_FAILED, 0.0
+        h.status, h.held, h.upstream = HANDLER_FAILED, 0.0, 0.0
         try:
             body = h.read_body()
             with self._lock:
@@ -574,7 +582,7 @@ class _HTTPService(_Server):
         except _GONE:  # counted, not printed: the client left before its answer
             h.status, h.close_connection = CLIENT_GONE, True
         finally:
-            exchange = Exchange(at, h.status, time.monotonic() - at, h.held)
+            exchange = Exchange(at, h.status, time.monotonic() - at, h.held, h.upstream)
             with self._lock:
                 self._exchanges.append(exchange)
 
@@ -723,6 +731,7 @@ class S3UnderLoad(CountingProxy):
             return
         h.held += self._carry(len(body))
         headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
+        asked = time.monotonic()
         try:
             status, answer, data = self.forward(
                 h.command, self.outgoing(h.path, headers), headers, body
@@ -730,6 +739,8 @@ class S3UnderLoad(CountingProxy):
         except (OSError, http.client.HTTPException):  # the server behind gave no answer
             h.status, h.close_connection = UPSTREAM_FAILED, True
             return
+        finally:
+            h.upstream = time.monotonic() - asked
         if len(data) <= TRICKLE_CHUNK:
             h.held += self._carry(len(data))
             h.reply(status, answer, data)
