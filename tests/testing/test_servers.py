@@ -239,3 +239,13 @@ def test_s3_under_load_counts_what_the_server_behind_did_not_answer() -> None:
         assert [e.outcome for e in proxy.exchanges] == [UPSTREAM_FAILED]
         queue = proxy.listen_queue()
         assert queue is None or (queue[0] == 0 and queue[1] >= 128)
+
+
+def test_moto_listens_with_a_queue_as_long_as_the_proxies() -> None:
+    """A rollout's proxy opens one connection to moto per request: werkzeug's queue of 128
+    overflowed, and each connection the kernel dropped was retried 1, 3, 7, 15 s later."""
+    with MotoS3() as moto:
+        served = moto._server._server  # werkzeug's server, in moto's
+        assert served is not None
+        info = served.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        assert struct.unpack_from("II", info, 24)[1] >= 1024  # tcpi_sacked: the queue's size
