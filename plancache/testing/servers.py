@@ -384,7 +384,8 @@ class Exchange(NamedTuple):
     """One request as a server handled it."""
 
     at: float
-    """``time.monotonic()`` when its headers had been read."""
+    """``time.monotonic()`` when the whole request had been read (a client slow to send
+    its body holds no server)."""
     outcome: int | str
     """The status answered, or ``CLIENT_GONE``, ``UPSTREAM_FAILED`` or ``HANDLER_FAILED``."""
     seconds: float
@@ -571,10 +572,11 @@ class _HTTPService(_Server):
             self._accepted.append(Accepted(now, now - arrived))
 
     def answer(self, h: _Handler) -> None:
-        at = time.monotonic()
         h.status, h.held, h.upstream = HANDLER_FAILED, 0.0, 0.0
+        at = time.monotonic()
         try:
             body = h.read_body()
+            at = time.monotonic()
             with self._lock:
                 self._requests.append((h.command, h.path))
                 self._received += len(body)
