@@ -240,6 +240,7 @@ def _verdict(front: dict[str, Any], seconds: list[dict[str, Any]]) -> dict[str, 
         return max((r[key] or 0.0 for r in seconds), default=0.0) / 1e3
 
     figures = {
+        "answered": sum(n for k, n in counts.items() if k in ("ok", "503", "error")),
         "client_gone": counts[servers.CLIENT_GONE],
         "upstream_failed": counts[servers.UPSTREAM_FAILED],
         "handler_failed": counts[servers.HANDLER_FAILED],

@@ -594,7 +594,8 @@ def _harness(r: dict[str, Any]) -> str:
     h = r["harness"]
     overflows = "?" if h["listen_overflows"] is None else h["listen_overflows"]
     return (
-        f"harness: {h['client_gone']} clients gone before their answer, "
+        f"harness: the store answered {h['answered']}; {h['client_gone']} clients gone before "
+        "their answer, "
         f"{h['upstream_failed']} answers lost by moto, {overflows} listen overflows on the "
         f"machine (the proxy's queue peaked at {h['listen_queue_peak']} of "
         f"{h['listen_queue_size']}); worst: accept {h['accept_max_s'] * 1e3:.0f} ms, proxy "

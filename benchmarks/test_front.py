@@ -40,6 +40,7 @@ def test_a_healthy_run_counts_store_answers_per_second_and_the_harness_kept_up()
     assert first["loop_lag_max_ms"] == 4.0 and first["load"] == 1.5
     assert (second["s"], second["ok"], second["queue_max"]) == (1, 1, 1)
     assert found["harness"]["failed"] == [] and found["harness"]["client_gone"] == 0
+    assert found["harness"]["answered"] == 4  # 503 included: the store's answer
 
 
 def test_the_harness_failed_where_it_refused_lost_or_held_past_the_bound() -> None:
@@ -57,6 +58,7 @@ def test_the_harness_failed_where_it_refused_lost_or_held_past_the_bound() -> No
     found = front.evidence(given, [(START, late)], START)
     harness = found["harness"]
     assert harness["client_gone"] == 1 and harness["upstream_failed"] == 1
+    assert harness["answered"] == 2
     assert found["seconds"][0]["client-gone"] == 1 and "ok" in found["seconds"][0]
     assert harness["failed"] == [
         "7 connections not accepted (a listen queue full)",
