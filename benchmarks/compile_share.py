@@ -7,12 +7,19 @@ Cases, each with its whole-process time, its first-forward time (where vLLM comp
 loads) and its phases:
 
 - ``cold``: empty ``VLLM_CACHE_ROOT``, empty store: vLLM compiles; plancache uploads.
-- ``warm``: the same node again: vLLM's own local cache; what its load and warm-up added to
-  ``inductor_cache/`` is uploaded (a delta).
+- ``warm``: the same node again: vLLM's own local cache; what its first load and warm-up
+  added to ``inductor_cache/`` is uploaded (a delta).
 - ``new node, local dir``: empty ``VLLM_CACHE_ROOT``; the artifact, its additions and the
-  model info the nodes shared, from a shared directory (the median of ``RUNS`` nodes).
-- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1; the
-  median of ``RUNS`` nodes).
+  model info the nodes shared, from a shared directory.
+- ``new node, S3``: empty ``VLLM_CACHE_ROOT``; the same from S3 (moto on 127.0.0.1).
+
+After the cold node, ``PAIRS`` rounds of three boots back to back (a warm node, a new node
+from the directory, a new node from S3; the order turns by one each round, so that no case
+always comes first or last): each new node is compared with the warm node of its round,
+booted beside it, so that what the machine does meanwhile falls on both. A new node's
+``process_x_warm`` is the median of its store's pair ratios (``process_x_warm_runs``, in
+round order); each case's other figures are its median boot's (``process_runs_s``: every
+boot's whole process, in round order).
 
 The real ``Worker`` path to ready (``tests/vllm/real_worker.py``: vLLM 0.33's own ``Worker``
 and engine config, the GPU's memory counters and the model runner faked): a cold node (it
@@ -42,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +66,11 @@ NODE = REPO / "tests" / "vllm" / "compile_node.py"
 TRITON_NODE = REPO / "tests" / "vllm" / "triton_node.py"
 WORKER = REPO / "tests" / "vllm" / "real_worker.py"
 SIZES = ("--sizes", "16")
-RUNS = 1
-"""Fresh new nodes per store; the table shows the median one (a boot here varies by a
-second or two with what else the machine does: one, to keep the main job within 8 minutes)."""
 """The warm-up: one compile size past the first forward's dynamic shape."""
+PAIRS = 3
+"""Rounds of a warm node and a new node per store (see the module): a boot here varies by a
+second or two with what else the machine does, so one pair says little."""
+LOCAL, S3 = "new node, local dir", "new node, S3"
 AOT = Path("torch_compile_cache") / "torch_aot_compile"
 
 
@@ -154,54 +161,66 @@ def measure_boots(work: Path) -> dict[str, Any]:
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
     store = str(work / "store")
-    cases: dict[str, dict[str, Any]] = {}
     wait = ("--wait-upload", "120")
     print("  cold node (compiles) ...", flush=True)
-    cases["cold"] = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
-    print("  warm node (vLLM's own cache) ...", flush=True)
-    cases["warm"] = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
-    print("  new node, from a local directory ...", flush=True)
-    cases["new node, local dir"] = _median(
-        _node(python, model_dir, work / f"new-local-{i}", store, *SIZES) for i in range(RUNS)
-    )
-    key = next((work / "cold" / AOT).iterdir())
+    cold = _node(python, model_dir, work / "cold", store, *wait, *SIZES)
+    boots: dict[str, list[dict[str, Any]]] = {"warm": [], LOCAL: [], S3: []}
     with servers.s3_server() as (url, options):
-        local, remote = open_store(store), open_store(url, **options)
-        for prefix in ("compile_artifact_", "cache_", "model_info_"):  # everything shared
-            for name in local.layer.list_objects(prefix):
-                opened = local.layer.open_object(name)
-                assert opened is not None
-                with contextlib.closing(opened):
-                    chunks = iter(functools.partial(opened.read, 1 << 20), b"")
-                    assert remote.layer.write_object(name, chunks)
-        print("  new node, from S3 (moto) ...", flush=True)
-        cases["new node, S3"] = _median(
-            _node(
+        s3_env = {"PLANCACHE_STORAGE_OPTIONS": json.dumps(options)}
+        nodes = {
+            "warm": lambda i: _node(python, model_dir, work / "cold", store, *wait, *SIZES),
+            LOCAL: lambda i: _node(python, model_dir, work / f"new-local-{i}", store, *SIZES),
+            S3: lambda i: _node(
                 python,
                 model_dir,
                 work / f"new-s3-{i}",
                 url,
                 *SIZES,
-                PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
+                **s3_env,
                 PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
-            )
-            for i in range(RUNS)
-        )
-    cold, warm = cases["cold"], cases["warm"]
-    for case in cases.values():
-        case["first_forward_saved_s"] = cold["first_forward_s"] - case["first_forward_s"]
-        case["first_forward_ratio"] = case["first_forward_s"] / cold["first_forward_s"]
-        case["process_saved_s"] = cold["process_s"] - case["process_s"]
-        case["process_x_warm"] = case["process_s"] / warm["process_s"]
-    return {"python": python, "cases": cases, "artifact_dir": str(key)}
+            ),
+        }
+        for i in range(PAIRS):
+            order = list(nodes)[i % 3 :] + list(nodes)[: i % 3]
+            for case in order:
+                if case == S3 and not boots[S3]:  # what the boots before it shared, copied
+                    _copy_shared(open_store(store), open_store(url, **options))
+                print(f"  round {i + 1} of {PAIRS}: {case} ...", flush=True)
+                boots[case].append(nodes[case](i))
+    cases = {"cold": cold, **{case: _median(runs) for case, runs in boots.items()}}
+    for report in cases.values():
+        report["first_forward_saved_s"] = cold["first_forward_s"] - report["first_forward_s"]
+        report["first_forward_ratio"] = report["first_forward_s"] / cold["first_forward_s"]
+        report["process_saved_s"] = cold["process_s"] - report["process_s"]
+        report["process_x_warm"] = report["process_s"] / cases["warm"]["process_s"]
+    for new_node in (LOCAL, S3):
+        ratios = [
+            new["process_s"] / warm["process_s"]
+            for new, warm in zip(boots[new_node], boots["warm"], strict=True)
+        ]
+        cases[new_node]["process_x_warm_runs"] = ratios
+        cases[new_node]["process_x_warm"] = statistics.median(ratios)
+    key = next((work / "cold" / AOT).iterdir())
+    return {"python": python, "cases": cases, "artifact_dir": str(key), "pairs": PAIRS}
 
 
-def _median(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The report of the median whole process among ``reports`` (each a fresh node), with
-    every run's ``process_runs_s``."""
-    ordered = sorted(reports, key=lambda r: r["process_s"])
-    median = dict(ordered[len(ordered) // 2])
-    median["process_runs_s"] = [r["process_s"] for r in ordered]
+def _copy_shared(local: Any, remote: Any) -> None:
+    """Copy every shared object (compile artifacts, caches, model info) from ``local`` to
+    ``remote``."""
+    for prefix in ("compile_artifact_", "cache_", "model_info_"):
+        for name in local.layer.list_objects(prefix):
+            opened = local.layer.open_object(name)
+            assert opened is not None
+            with contextlib.closing(opened):
+                chunks = iter(functools.partial(opened.read, 1 << 20), b"")
+                assert remote.layer.write_object(name, chunks)
+
+
+def _median(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report of the median whole process among ``reports`` (each a fresh process),
+    with every boot's ``process_runs_s`` in the order given."""
+    median = dict(sorted(reports, key=lambda r: r["process_s"])[len(reports) // 2])
+    median["process_runs_s"] = [r["process_s"] for r in reports]
     return median
 
 
@@ -403,11 +422,22 @@ def table(results: dict[str, Any]) -> str:
     }
     if runs:
         lines.append(
-            f"  new nodes: the median of {RUNS} fresh nodes each; their processes: "
+            f"  {results.get('pairs', '?')} rounds of a warm node and a new node per store, back "
+            "to back; each case above is its median boot; every boot's process, in round "
+            "order: "
             + "; ".join(
                 f"{n} " + " / ".join(f"{r:.1f}" for r in rs) + " s" for n, rs in runs.items()
             )
         )
+    for name, c in results.get("cases", {}).items():
+        if "process_x_warm_runs" in c:
+            ratios = c["process_x_warm_runs"]
+            lines.append(
+                f"  {name} / the warm node of its round: median {c['process_x_warm']:.2f}x, "
+                f"{min(ratios):.2f}-{max(ratios):.2f}x ("
+                + ", ".join(f"{r:.2f}x" for r in ratios)
+                + ")"
+            )
     worker = results.get("worker", {})
     if worker:
         lines.append(
@@ -455,11 +485,15 @@ def plot_boots(ax: Any, results: dict[str, Any]) -> None:
     first = [results["cases"][n]["first_forward_s"] for n in names]
     process = [results["cases"][n]["process_s"] for n in names]
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], process, 0.4, label="whole process (x warm)")
+    ax.bar([x - 0.2 for x in xs], process, 0.4, label="whole process (x warm: median pair)")
     ax.bar([x + 0.2 for x in xs], first, 0.4, label="first forward (compile or load)", alpha=0.6)
     for x, n in zip(xs, names, strict=True):
-        ratio = results["cases"][n]["process_x_warm"]
-        ax.text(x - 0.2, process[x], f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
+        case = results["cases"][n]
+        label = f"{case['process_x_warm']:.2f}x"
+        if "process_x_warm_runs" in case:  # the median pair's, and the pairs' spread
+            runs = case["process_x_warm_runs"]
+            label += f"\n({min(runs):.2f}-{max(runs):.2f})"
+        ax.text(x - 0.2, process[x], label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [n.replace(", ", "\n") for n in names], fontsize=8)
     ax.set_ylabel("seconds (this machine's CPU)")
     ax.set_title("vLLM compile: cold vs warm vs new node\n(artifact from a shared store; measured)")

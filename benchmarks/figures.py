@@ -21,7 +21,9 @@ Keys read (as ``benchmarks/__main__.py`` and ``benchmarks/compile_share.py`` wri
 the cases ``cold``, ``warm``, ``new node, local dir`` and ``new node, S3``: ``process_s`` of
 each, ``first_forward_s`` of the cold one and the new ones, ``process_x_warm`` and
 ``first_forward_ratio`` of the new ones, and where present ``process_runs_s`` (how many new
-nodes each figure is the median of) and the cold and warm nodes' ``process_x_warm``,
+nodes each figure is the median of), the new ones' ``process_x_warm_runs`` (the ratio of each
+pair of a new node and the warm node booted beside it: ``process_x_warm`` is then their
+median, quoted with their spread) and the cold and warm nodes' ``process_x_warm``,
 ``first_forward_ratio`` and the warm node's ``first_forward_s`` (cells of the table);
 ``compile.worker.{cold,warm,new node}.ready_s`` and ``compile.triton.cold.compiled``,
 ``compile.triton.cold.compile_s``, ``compile.triton.new node.compiled``, where the run has
@@ -59,6 +61,7 @@ CITED = {
         "first_forward_s",
         "first_forward_ratio",
         "process_runs_s",
+        "process_x_warm_runs",
     ),
     "worker": ("ready_s",),
     "triton": ("compiled", "compile_s"),
@@ -153,6 +156,9 @@ def _run(results: Mapping[str, Any]) -> str:
 
 def _nodes(results: Mapping[str, Any]) -> str:
     """How many new nodes per store each figure is the median of (nothing where unknown)."""
+    if _pairs(results, "local") and _pairs(results, "s3"):
+        n = len(_pairs(results, "local"))
+        return f", {n} pairs per store of a new node and a warm node booted side by side"
     runs = [
         _at(results, ("compile", "cases", CASES[c])).get("process_runs_s") for c in ("local", "s3")
     ]
@@ -161,6 +167,28 @@ def _nodes(results: Mapping[str, Any]) -> str:
         return ""
     (n,) = counts
     return ", one new node per store" if n == 1 else f", the median of {n} new nodes per store"
+
+
+def _pairs(results: Mapping[str, Any], case: str) -> list[float]:
+    """The ratios of ``case``'s pairs (a new node over the warm node booted beside it), or
+    none where the run did not boot pairs."""
+    runs = _at(results, ("compile", "cases", CASES[case])).get("process_x_warm_runs")
+    if not isinstance(runs, list) or not runs:
+        return []
+    if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in runs):
+        raise ResultsError(f"compile.cases.{CASES[case]}.process_x_warm_runs holds a non-number")
+    return [float(r) for r in runs]
+
+
+def _ratio(results: Mapping[str, Any], case: str, long: bool = False) -> str:
+    """``case``'s whole process over a warm node's: the median pair's and the pairs' spread
+    (``long``: saying what they are), or the one ratio of a run without pairs."""
+    ratio, pairs = _x(_case(results, case, "process_x_warm")), _pairs(results, case)
+    if not pairs:
+        return ratio
+    if long:
+        return f"{ratio}, the median of {len(pairs)} pairs booted side by side: {_span(pairs, _x)}"
+    return f"{ratio}, {_span(pairs, _x)}"
 
 
 def _worker(results: Mapping[str, Any]) -> str:
@@ -210,10 +238,20 @@ def _table(results: Mapping[str, Any]) -> str:
             )
         ]
         shown = ["-" if value is None else show(value) for value, show in cells]
+        ratios = _pairs(results, case) if case in ("local", "s3") else []
+        if ratios:  # the median pair's ratio, and the pairs' spread
+            shown[1] += f" ({_span(ratios, _x)})"
         rows.append(f"| {name} | {' | '.join(shown)} |")
+    pairs = _nodes(results) if _pairs(results, "local") else ""
     caption = _wrapped(
-        f"The compile boots of the main job ({_run(results)}; `docs/results/main-job.json`), "
-        "whose figures the README and the other pages quote:"
+        f"The compile boots of the main job ({_run(results)}{pairs}; "
+        "`docs/results/main-job.json`), whose figures the README and the other pages quote"
+        + (
+            ": each case its median boot; a new node's x warm, the median of its pairs' "
+            "ratios, their spread in brackets:"
+            if pairs
+            else ":"
+        )
     )
     return "\n\n" + caption + "\n\n" + "\n".join(rows) + "\n\n"
 
@@ -236,18 +274,22 @@ def blocks(results: Mapping[str, Any]) -> dict[str, str]:
         _case(results, "local", "process_x_warm"),
         _case(results, "s3", "process_x_warm"),
     )
+    pairs = _pairs(results, "local") + _pairs(results, "s3")
     ratio_local, ratio_s3 = (_case(results, c, "first_forward_ratio") for c in ("local", "s3"))
     readme = (
         f"measured here ({_run(results)}, real vLLM 0.33, a tiny model), a new node fed from a "
         f"shared directory ran its whole process in {_s(local)} against {_s(warm)} for a warm "
-        f"node ({_x(x_local)}) and {_s(cold)} cold, from S3 in {_s(s3)} ({_x(x_s3)}), its "
+        f"node ({_ratio(results, 'local', long=True)}) and {_s(cold)} cold, from S3 in "
+        f"{_s(s3)} ({_ratio(results, 's3')}), its "
         f"first forward in {_x(ratio_local)} the cold node's compile"
         + _triton(results, prefix=", and it compiled ", what="real Triton kernels (sm_90 target)")
     )
     measured = (
         f"The main job ({_run(results)}{_nodes(results)}): a new node's whole process took "
         f"{_s(local)} from a shared directory and {_s(s3)} from S3 (moto), against {_s(warm)} "
-        f"warm ({_x(x_local)}, {_x(x_s3)}) and {_s(cold)} cold; its first forward "
+        f"warm ({_ratio(results, 'local')}{'; ' if pairs else ', '}{_ratio(results, 's3')}) and "
+        f"{_s(cold)} cold; its "
+        "first forward "
         f"{_span((ratio_local, ratio_s3), _x)} the cold node's"
         + _worker(results)
         + _triton(results, prefix="; and it compiled ", what="Triton kernels")
@@ -257,7 +299,12 @@ def blocks(results: Mapping[str, Any]) -> dict[str, str]:
         "readme-headline": _wrapped(readme),
         "compile-measured": _wrapped(measured),
         "compile-boots": _table(results),
-        "new-node-x-warm": _span((x_local, x_s3), _x),
+        "new-node-x-warm": (
+            f"{_x(x_local)} from a directory and {_x(x_s3)} from S3 (medians of "
+            f"{len(pairs) // 2} pairs per store, {_span(pairs, _x)} in all)"
+            if pairs
+            else _span((x_local, x_s3), _x)
+        ),
         "new-node-seconds": f"{_span((local, s3), _s)} against {_s(warm)} warm",
     }
 

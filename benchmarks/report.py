@@ -238,6 +238,12 @@ def savings(results: dict[str, Any]) -> list[Row]:
             cold = case["first_forward_s"] + case["first_forward_saved_s"]
             process, saved = case["process_s"], case["process_saved_s"]
             versus = f"{process / warm:.2f}x warm, " if warm else ""
+            ratios = case.get("process_x_warm_runs")
+            if ratios:  # the median pair's ratio and the pairs' spread
+                versus = (
+                    f"{case['process_x_warm']:.2f}x the warm node beside it, median of "
+                    f"{len(ratios)} pairs, {min(ratios):.2f}-{max(ratios):.2f}x; "
+                )
             rows.append(
                 Row(
                     f"whole boot: new node, store: {where}",

