@@ -166,3 +166,53 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert "not written to the store" in err
     assert not store.exists() or not list(store.glob("cache_*"))
+
+
+def test_a_pull_that_meets_other_files_names_them_and_the_push_leaves_them(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    args = ("--kind", "myjit", *FACTORS, "--url", str(store))
+    first, node = tmp_path / "first", tmp_path / "node"
+    first.mkdir()
+    _fill(first)
+    ok("cache", "push", "--dir", str(first), *args)
+    for rel, data in (("7f/launcher.so", b""), ("ab/cdef0123/kernel.bin", b"garbage")):
+        (node / rel).parent.mkdir(parents=True, exist_ok=True)
+        (node / rel).write_bytes(data)
+    (node / "mine.txt").write_bytes(b"the user's own")
+    pulled = run("cache", "pull", "--dir", str(node), *args)
+    assert pulled.returncode == 0, pulled.stderr
+    assert "hit, 1 bundle, 2 files installed" in pulled.stdout
+    assert "2 files differ from the stored bundles'" in pulled.stderr
+    assert "7f/launcher.so, ab/cdef0123/kernel.bin" in pulled.stderr
+    assert "1 file there before the pull that no bundle holds" in pulled.stdout
+    assert (node / "7f/launcher.so").read_bytes() == b""  # kept as it was
+    # the user's file is not this program's: never stored for every node
+    assert "nothing new: nothing stored" in ok("cache", "push", "--dir", str(node), *args)
+    assert len(list(store.glob("cache_myjit_*"))) == 1
+    # --all stores what the record leaves out (the user said so)
+    pushed = json.loads(ok("cache", "push", "--dir", str(node), *args, "--all", "--json"))
+    assert pushed["files"] == 1  # mine.txt alone: the others are stored
+
+
+def test_push_and_pull_say_files_and_bytes_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    args = ("--kind", "myjit", *FACTORS, "--url", str(store))
+    first, node = tmp_path / "first", tmp_path / "node"
+    first.mkdir()
+    total = sum(len(v) for v in _fill(first).values())
+    out = ok("cache", "push", "--dir", str(first), *args, "--dry-run")
+    assert "4 files would be stored (5.2 KiB) as one bundle" in out and "nothing written" in out
+    assert list(store.glob("cache_*")) == []
+    dry = json.loads(ok("cache", "push", "--dir", str(first), *args, "--dry-run", "--json"))
+    assert (dry["files"], dry["bytes"], dry["dry_run"], dry["written"]) == (4, total, True, {})
+    out = ok("cache", "push", "--dir", str(first), *args)
+    assert "4 files stored as one bundle (5.2 KiB)" in out and "0 files skipped" in out
+    pulled = json.loads(ok("cache", "pull", "--dir", str(node), *args, "--json"))
+    assert (pulled["installed"], pulled["installed_bytes"], pulled["skipped"]) == (4, total, 0)
+    out = ok("cache", "pull", "--dir", str(node), *args)
+    assert "0 files installed (0 B), 4 files there already (5.2 KiB)" in out
+    again = json.loads(ok("cache", "push", "--dir", str(node), *args, "--json"))
+    assert (again["files"], again["skipped"], again["skipped_bytes"]) == (0, 4, total)
