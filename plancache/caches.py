@@ -88,6 +88,9 @@ class GeneratedCache:
     root: Path
     scope: str
     max_bundles: int = MAX_BUNDLES
+    factors: tuple[tuple[str, Scalar], ...] = ()
+    """The factors ``scope`` hashes (without ``cache``), carried by its bundles for
+    ``plancache ls``; empty where unknown."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ def directory_cache(
             f"{kind!r:.40} is not a cache kind: [a-z][a-z0-9_]{{0,31}}, not 'compile'"
         )
     scope = fingerprint({**factors, "cache": kind})
-    return GeneratedCache(kind, Path(root).expanduser(), scope)
+    return GeneratedCache(
+        kind, Path(root).expanduser(), scope, factors=tuple(sorted(factors.items()))
+    )
 
 
 def device() -> str:
@@ -287,7 +292,9 @@ class CacheShare:
         files, skipped = bundles.delta(cache.kind, cache.scope, cache.root, frozenset(known))
         written: dict[str, bool] = {}
         if files and not dry_run:
-            written = bundles.store(cache.kind, cache.scope, cache.root, files, info, progress)
+            written = bundles.store(
+                cache.kind, cache.scope, cache.root, files, info, progress, dict(cache.factors)
+            )
         return CachePushed(
             len(files),
             written,

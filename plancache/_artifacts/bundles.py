@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from plancache._artifacts.kind import (
     Accept,
     Kind,
     Reader,
+    Short,
     Table,
     manifest_head,
     manifest_show,
@@ -49,9 +51,10 @@ from plancache._artifacts.manifest import (
 from plancache._artifacts.pacing import _Deadline
 from plancache._artifacts.packing import pack_cache, scan_cache
 from plancache._command.display import age, size
+from plancache._keys import fingerprint
 from plancache._objects import ObjectLayer, Opened
 from plancache._signing import Keyring
-from plancache.errors import ArtifactError
+from plancache.errors import ArtifactError, InvalidPlanError
 
 log = logging.getLogger("plancache")
 
@@ -192,11 +195,13 @@ class CacheBundles:
         files: list[FileEntry],
         producer: dict[str, object] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        factors: Mapping[str, object] | None = None,
     ) -> dict[str, bool]:
         """Store ``files`` (``delta``'s) of ``root`` as one bundle, create-if-absent, on the
         store (unless it refuses writes: logged), then on the local tier; {destination:
-        created}; ``progress(done, files)`` as each file is streamed. Raises
-        ``ArtifactError`` (a file changed while read)."""
+        created}; ``progress(done, files)`` as each file is streamed; ``factors``: those
+        ``scope`` hashes, shown by ``ls``. Raises ``ArtifactError`` (a file changed while
+        read)."""
 
         def packed() -> tuple[Manifest, Iterator[bytes]]:
             return pack_cache(
@@ -207,6 +212,7 @@ class CacheBundles:
                 keyring=self.engine.keyring,
                 producer=producer,
                 progress=progress,
+                factors=factors,
             )
 
         name = packed()[0].name  # named by its content: another node may have added it
@@ -288,10 +294,37 @@ def _check(stream: Readable, name: str, accept: Accept, max_bytes: int) -> None:
         raise ArtifactError("its files are not those its name says")
 
 
+FIRST_FACTORS = ("torch", "triton", "device")
+"""The factors ``ls`` names first, where a scope has them."""
+
+
+def scope_factors(m: Manifest) -> dict[str, object] | None:
+    """The factors a bundle's scope hashes, as its labels carry them; None where it carries
+    none, or ones that do not hash to its scope (another producer's words are not taken)."""
+    if not m.labels:
+        return None
+    try:
+        if fingerprint({**m.labels, "cache": m.kind}) != m.key:
+            return None
+    except (InvalidPlanError, TypeError, ValueError):
+        return None
+    first = [k for k in FIRST_FACTORS if k in m.labels]
+    return {k: m.labels[k] for k in [*first, *sorted(set(m.labels) - set(first))]}
+
+
+def scope_words(m: Manifest) -> str:
+    """A bundle's scope for people: ``torch 2.13.0, triton none, device none`` where its
+    factors are known (``scope_factors``), else the first 12 digits of its hash."""
+    factors = scope_factors(m)
+    if factors is None:
+        return m.key[:12]
+    return ", ".join(f"{k} {v}" for k, v in factors.items())
+
+
 def _row(m: Manifest, now: float, keyring: Keyring) -> list[str]:
     host = str(m.producer.get("host", "-"))
     return [
-        *(m.kind, m.key[:12], size(m.total_size), str(len(m.files))),
+        *(m.name, m.kind, scope_words(m), size(m.total_size), str(len(m.files))),
         *(age(now - m.created_at), host, signed_text(m, keyring)),
     ]
 
@@ -312,19 +345,30 @@ CACHE_BUNDLES = Kind(
     stats=_stats,
     stats_text=sized("caches", "bundle", "cache_bundles", "cache_bundle_bytes"),
     table=Table(
-        ("CACHE", "SCOPE", "SIZE", "FILES", "AGE", "HOST", "SIGNED"), _row, frozenset({2, 3, 4})
+        ("BUNDLE", "CACHE", "SCOPE", "SIZE", "FILES", "AGE", "HOST", "SIGNED"),
+        _row,
+        frozenset({3, 4, 5}),
     ),
     fields=lambda m: {
         "cache": m.kind,
         "scope": m.key,
+        "factors": scope_factors(m),
         "bytes": m.total_size,
         "files": len(m.files),
         "producer": dict(m.producer),
     },
+    short=Short(
+        re.compile(rf"{CACHE_PREFIX}[a-z][a-z0-9_]{{0,31}}_[0-9a-f]{{64}}"),
+        lambda ref, name: name.startswith(f"{ref.strip()}_"),
+        "an object name, or cache_<kind>_<scope> for every bundle of a scope",
+        many=True,
+    ),
+    group=lambda m: f"{m.kind}_{m.key}",
     show=manifest_show(
         lambda m: [
             f"kind         {m.kind} cache bundle (files of a generated cache)",
             f"scope        {m.key}",
+            f"             {scope_words(m)}",
         ]
     ),
 )

@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -357,11 +357,15 @@ def pack_cache(
     producer: dict[str, object] | None = None,
     compress: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    factors: Mapping[str, object] | None = None,
 ) -> tuple[Manifest, Iterator[bytes]]:
     """The bundle of ``files`` (from ``scan_cache(root)``) of cache ``kind`` valid in
-    ``scope``, signed when ``keyring`` can sign, and its stream (as ``pack``'s;
-    ``progress`` as ``tar_chunks``')."""
-    manifest = Manifest(scope, "", tuple(files), producer=producer or {}, kind=kind)
+    ``scope`` (``factors``: those it hashes, kept as the manifest's labels, for people),
+    signed when ``keyring`` can sign, and its stream (as ``pack``'s; ``progress`` as
+    ``tar_chunks``')."""
+    manifest = Manifest(
+        scope, "", tuple(files), producer=producer or {}, labels=dict(factors or {}), kind=kind
+    )
     return _signed_stream(root, manifest, keyring, compress, progress)
 
 

@@ -216,3 +216,36 @@ def test_push_and_pull_say_files_and_bytes_and_a_dry_run_writes_nothing(tmp_path
     assert "0 files installed (0 B), 4 files there already (5.2 KiB)" in out
     again = json.loads(ok("cache", "push", "--dir", str(node), *args, "--json"))
     assert (again["files"], again["skipped"], again["skipped_bytes"]) == (0, 4, total)
+
+
+def test_ls_rm_prune_and_doctor_speak_of_bundles(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    assert ok("ls", "--url", str(store)).splitlines()[-1] == f"nothing stored, in {store}"
+    scopes = {}
+    for n, compiler in enumerate(("1.2.3", "1.2.3", "1.2.3", "9.0")):
+        where = tmp_path / f"d{n}"
+        (where / "k").mkdir(parents=True)
+        (where / "k" / f"kernel{n}.bin").write_bytes(secrets.token_bytes(100 + n))
+        args = ("--kind", "myjit", "--factor", f"compiler={compiler}", "--factor", "arch=sm_90")
+        url = ("--url", str(store))
+        pushed = json.loads(ok("cache", "push", "--dir", str(where), *args, *url, "--json"))
+        scopes[compiler] = pushed["scope"]  # pushed one after another: the last is newest
+    listed = ok("ls", "--url", str(store))
+    # each bundle by its object name, kind, scope in words and size; no plans spoken of
+    assert listed.splitlines()[-1] == f"4 cache bundles, in {store}"
+    assert "BUNDLE" in listed and "CACHE" in listed and "arch sm_90, compiler 1.2.3" in listed
+    assert "101 B" in listed and f"cache_myjit_{scopes['1.2.3']}_" in listed
+    rows = json.loads(ok("ls", "--url", str(store), "--json"))
+    assert {r["factors"]["compiler"] for r in rows} == {"1.2.3", "9.0"}
+    assert "4 cache bundles" in run("doctor", str(store)).stdout
+    # prune: keep the newest N of each scope (1.2.3 has three, 9.0 one)
+    out = ok("prune", "--keep-newest", "1", "--url", str(store))
+    assert "deleted 2 cache bundles past the newest 1 of their scope" in out
+    assert len(list(store.glob(f"cache_myjit_{scopes['1.2.3']}_*"))) == 1
+    assert len(list(store.glob(f"cache_myjit_{scopes['9.0']}_*"))) == 1
+    # rm: every bundle of one scope
+    out = ok("rm", f"cache_myjit_{scopes['9.0']}", "--url", str(store))
+    assert out.count("deleted cache_myjit_") == 1
+    assert list(store.glob(f"cache_myjit_{scopes['9.0']}_*")) == []
+    assert "plans only" not in ok("rm", "--help") and "cache_<kind>_<scope>" in ok("rm", "--help")
