@@ -99,8 +99,13 @@ def test_a_push_reports_bytes_written_and_skipped_and_a_dry_run_writes_nothing(
         dry = share.push(_cache(first), dry_run=True)
         assert (dry.files, dry.bytes, dry.written, dry.dry_run) == (4, total, {}, True)
         assert _stored(tmp_path) == []
-        pushed = share.push(_cache(first))
+        calls: list[tuple[int, int]] = []
+        pushed = share.push(_cache(first), progress=lambda *done: calls.append(done))
         assert (pushed.files, pushed.bytes, pushed.written) == (4, total, {"store": True})
+        assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]  # a progress bar's calls, per file
+        calls.clear()
+        assert share.pull(_cache(tmp_path / "node"), progress=lambda *done: calls.append(done))
+        assert calls == [(1, 1)]  # per bundle read
         assert pushed.stored and (pushed.skipped, pushed.skipped_bytes) == (0, 0)
         # all of it stored already: nothing new, every file skipped, nothing written
         again = share.push(_cache(first))

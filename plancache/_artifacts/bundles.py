@@ -225,16 +225,17 @@ class CacheBundles:
         root: Path,
         known: frozenset[str],
         producer: dict[str, object] | None = None,
+        factors: Mapping[str, object] | None = None,
     ) -> tuple[int, dict[str, bool]]:
         """Store the files below ``root`` that ``known`` does not list (what this node added
         to cache ``kind`` in ``scope``: a delta, not a second copy) as one bundle
-        (``delta``, then ``store``). Returns how many files it held (0: nothing new, nothing
-        written) and {destination: created}. Raises ``ArtifactError`` (a file changed while
-        read)."""
+        (``delta``, then ``store``; ``factors`` as ``store`` takes them). Returns how many
+        files it held (0: nothing new, nothing written) and {destination: created}. Raises
+        ``ArtifactError`` (a file changed while read)."""
         files, _ = self.delta(kind, scope, root, known)
         if not files:
             return 0, {}
-        return len(files), self.store(kind, scope, root, files, producer)
+        return len(files), self.store(kind, scope, root, files, producer, factors=factors)
 
 
 @dataclass

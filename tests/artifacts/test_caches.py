@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from plancache._artifacts import archive, packing
+from plancache._artifacts import archive, bundles, packing
 from plancache._artifacts.manifest import (
     CACHE_KINDS,
     Manifest,
@@ -325,3 +325,12 @@ def test_flashinfer_autotune_files_as_vllm_writes_them(tmp_path: Path) -> None:
         "autotune_configs_dp0_rank0.json",
         "autotune_configs_dp0_rank1.json",
     ]
+
+
+def test_ls_names_a_scope_in_words_only_where_its_factors_hash_to_it() -> None:
+    factors = {"triton": "3.9.0", "device": "H100 sm_90"}
+    told = Manifest(SCOPE, "", (), labels=factors, kind="triton")
+    assert bundles.scope_words(told) == "triton 3.9.0, device H100 sm_90"
+    lying = Manifest(SCOPE, "", (), labels={**factors, "triton": "3.1.0"}, kind="triton")
+    assert bundles.scope_words(lying) == SCOPE[:12]  # another producer's words are not taken
+    assert bundles.scope_words(Manifest(SCOPE, "", (), kind="triton")) == SCOPE[:12]
