@@ -263,7 +263,10 @@ def install_cache(
                 installed += 1
                 placed(entry, "installed")
             else:
-                placed(entry, "same" if same_file(dest, held, name) else "differing")
+                same = same_file(dest, held, name) or (
+                    is_group_file(entry.path) and same_group(dest, held, name)
+                )
+                placed(entry, "same" if same else "differing")
         return manifest, installed
 
 
@@ -289,6 +292,16 @@ def same_file(one: Directory, other: Directory, name: str) -> bool:
             if os.read(b, len(chunk)) != chunk:
                 return False
         return not os.read(b, 1)
+
+
+def same_group(one: Directory, other: Directory, name: str) -> bool:
+    """True where the group files ``name`` of ``one`` and ``other`` list the same children
+    at the same paths (Triton and ``regroup`` space their JSON apart)."""
+    try:
+        a, b = one.read(name, MAX_GROUP_BYTES), other.read(name, MAX_GROUP_BYTES)
+        return a is not None and b is not None and orjson.loads(a.data) == orjson.loads(b.data)
+    except (OSError, ValueError):
+        return False
 
 
 def is_group_file(path: str) -> bool:
