@@ -196,11 +196,14 @@ def _digest(artifact: Artifact) -> str:
 
 def _artifacts(data: bytes) -> list[Artifact] | None:
     """The artifacts of torch's mega-cache bytes, sorted, each once (torch's own reader:
-    it checks the bytes' checksum and version, unpickles nothing); None where torch cannot
-    read them."""
-    from torch.compiler._cache import CacheArtifactManager
+    it checks the bytes' checksum and version, unpickles nothing); None where this torch
+    cannot read them (another format, or no such reader)."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
 
-    parsed = CacheArtifactManager.deserialize(data)
+        parsed = CacheArtifactManager.deserialize(data)
+    except Exception:  # a torch without this reader: the bytes are taken as they are
+        return None
     if parsed is None:
         return None
     return sorted({(kind, a.key, bytes(a.content)) for kind, got in parsed.items() for a in got})
