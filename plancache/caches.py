@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -42,7 +43,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -52,6 +53,7 @@ from plancache import _background as background
 from plancache._artifacts.bundles import MAX_BUNDLES
 from plancache._artifacts.engine import CacheFetched, CompileSettings
 from plancache._artifacts.manifest import is_cache_kind
+from plancache._artifacts.packing import cache_paths
 from plancache._artifacts.store import ArtifactStore
 from plancache._config import Settings
 from plancache._directory import Directory
@@ -61,6 +63,9 @@ from plancache._redaction import printable, without_userinfo
 from plancache.errors import ConfigError
 
 log = logging.getLogger("plancache")
+
+SHOWN = 5
+"""Most paths a line names (the count says how many there are)."""
 
 __all__ = [
     "CacheFetched",
@@ -86,15 +91,30 @@ class GeneratedCache:
     root: Path
     scope: str
     max_bundles: int = MAX_BUNDLES
+    factors: tuple[tuple[str, Scalar], ...] = ()
+    """The factors ``scope`` hashes (without ``cache``), carried by its bundles for
+    ``plancache ls``; empty where unknown."""
 
 
 @dataclass(frozen=True)
 class CachePushed:
-    """What a push did: the files the bundle held (0: nothing new, nothing written) and
-    {destination: created} (False: that bundle was stored already)."""
+    """What a push did: the files the bundle held and their bytes (0: nothing new, nothing
+    written), {destination: created} (False: that bundle was stored already; a destination
+    missing: not written there, logged; empty on a dry run), the files of the directory it
+    left out and their bytes (``skipped``: a pull's bundles or a stored bundle hold them, or
+    they were there before the pull), and whether it was a dry run (nothing written)."""
 
     files: int
     written: dict[str, bool]
+    bytes: int = 0
+    skipped: int = 0
+    skipped_bytes: int = 0
+    dry_run: bool = False
+
+    @property
+    def stored(self) -> bool:
+        """True where the store holds the bundle now (written or there already)."""
+        return "store" in self.written
 
 
 @dataclass
@@ -150,7 +170,9 @@ def directory_cache(
             f"{kind!r:.40} is not a cache kind: [a-z][a-z0-9_]{{0,31}}, not 'compile'"
         )
     scope = fingerprint({**factors, "cache": kind})
-    return GeneratedCache(kind, Path(root).expanduser(), scope)
+    return GeneratedCache(
+        kind, Path(root).expanduser(), scope, factors=tuple(sorted(factors.items()))
+    )
 
 
 def device() -> str:
@@ -247,13 +269,18 @@ class CacheShare:
         _announce(settings)
         return share
 
-    def pull(self, cache: GeneratedCache) -> CacheFetched:
+    def pull(
+        self, cache: GeneratedCache, *, progress: Callable[[int, int], None] | None = None
+    ) -> CacheFetched:
         """Install below ``cache.root`` every trusted, valid bundle of its kind and scope,
         each file create-if-absent, within ``PLANCACHE_COMPILE_TIMEOUT``: past it, whatever
         the backend does, ``timeout`` (the fetch, left on a daemon thread, installs nothing
-        more). Never raises: ``reason`` says what happened (``error``: ``cache.root`` could
-        not be made or opened), ``known`` lists every path the bundles read hold (pass it to
-        ``push``)."""
+        more). A file the directory holds with other bytes than a bundle's is kept as it is
+        and named (``differing``, one WARNING); the files it held before that no bundle
+        lists are ``found``. Never raises: ``reason`` says what happened (``error``:
+        ``cache.root`` could not be made or opened), ``known`` lists every path a push
+        leaves out (the bundles' and ``found``: pass it to ``push``); ``progress(done,
+        listed)`` after each bundle."""
         start = time.monotonic()
         try:
             Directory.make(cache.root).close()
@@ -262,15 +289,7 @@ class CacheShare:
             return CacheFetched(Reason.ERROR, seconds=time.monotonic() - start)
         stop = threading.Event()
         job = background.start(
-            functools.partial(
-                self._artifacts.fetch_cache,
-                cache.kind,
-                cache.scope,
-                cache.root,
-                max_bundles=cache.max_bundles,
-                cancelled=stop.is_set,
-            ),
-            "plancache-cache-pull",
+            functools.partial(self._pull, cache, stop.is_set, progress), "plancache-cache-pull"
         )
         if not job.join(self.fetch_timeout - (time.monotonic() - start)):
             stop.set()
@@ -282,25 +301,68 @@ class CacheShare:
             return CacheFetched(Reason.TIMEOUT, seconds=time.monotonic() - start)
         return job.wait(0)
 
+    def _pull(
+        self,
+        cache: GeneratedCache,
+        cancelled: Callable[[], bool],
+        progress: Callable[[int, int], None] | None,
+    ) -> CacheFetched:
+        """``pull``'s work: what the directory holds first, then the fetch."""
+        before = cache_paths(cache.root)
+        fetched = self._artifacts.fetch_cache(
+            cache.kind,
+            cache.scope,
+            cache.root,
+            max_bundles=cache.max_bundles,
+            cancelled=cancelled,
+            progress=progress,
+        )
+        if fetched.differing:
+            log.warning(
+                "plancache: %s cache %s: %d files differ from the stored bundles' and are "
+                "kept as they are (not replaced; remove them to install the stored ones): %s",
+                cache.kind,
+                printable(str(cache.root)),
+                len(fetched.differing),
+                ", ".join(printable(p) for p in fetched.differing[:SHOWN]),
+            )
+        found = frozenset(before - fetched.known)
+        return dataclasses.replace(fetched, found=found, known=fetched.known | found)
+
     def push(
         self,
         cache: GeneratedCache,
         known: frozenset[str] | set[str] = frozenset(),
         producer_info: Mapping[str, Any] | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> CachePushed:
-        """Store the files below ``cache.root`` that ``known`` does not list as one bundle,
-        create-if-absent, on the store (unless it refuses writes: logged), then on the local
-        tier. A bundle stored unsigned on a remote store is said once per process (WARNING:
-        nodes with a key never take it). Raises ``ArtifactError`` where a file changed while
-        it was read."""
+        """Store the files below ``cache.root`` that ``known`` does not list (nor a trusted
+        stored bundle holds) as one bundle, create-if-absent, on the store (unless it
+        refuses writes: logged), then on the local tier; ``dry_run``: only say what would
+        be stored; ``progress(done, files)`` as each file is streamed. A bundle stored
+        unsigned on a remote store is said once per process (WARNING: nodes with a key never
+        take it). Raises ``ArtifactError`` where a file changed while it was read."""
         info = dict(producer() if producer_info is None else producer_info)
-        files, written = self._artifacts.upload_cache(
-            cache.kind, cache.scope, cache.root, frozenset(known), info
-        )
+        bundles = self._artifacts.bundles
+        files, skipped = bundles.delta(cache.kind, cache.scope, cache.root, frozenset(known))
+        written: dict[str, bool] = {}
+        if files and not dry_run:
+            written = bundles.store(
+                cache.kind, cache.scope, cache.root, files, info, progress, dict(cache.factors)
+            )
         unsigned = self._artifacts.keyring.signing_key_id is None
         if written.get("store") and self._artifacts.remote and unsigned:
             _warn_unsigned(self._artifacts.settings.url)
-        return CachePushed(files, written)
+        return CachePushed(
+            len(files),
+            written,
+            sum(f.size for f in files),
+            skipped.files,
+            skipped.bytes,
+            dry_run,
+        )
 
     def push_within(
         self, cache: GeneratedCache, known: frozenset[str] | set[str], timeout: float

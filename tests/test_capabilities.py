@@ -26,7 +26,7 @@ from plancache._config import Settings
 from plancache._forwarding import beneath
 from plancache._objects import WriteMode
 from plancache.errors import PlanStoreError, StoreIgnoresPreconditionsError
-from plancache.testing import LocalStore, child_env, make_plan
+from plancache.testing import LocalLayer, child_env, make_plan
 from tests.cli.helpers import run
 
 _OBJECTS: dict[tuple[str, str], tuple[bytes, int]] = {}
@@ -186,7 +186,7 @@ def test_a_registered_backends_capabilities_are_checked() -> None:
 def test_the_wrappers_forward_the_capabilities(tmp_path: Path) -> None:
     """A lazy opening, a write guard and a read-only view answer what the layer beneath
     declares; a bare local directory declares itself and no probe store."""
-    local = LocalStore(tmp_path)
+    local = LocalLayer(tmp_path)
     assert local.local_directory() == tmp_path
     assert local.probe_store() is None and local.endpoint() is None
     assert ReadOnlyLayer(LazyStore("x", lambda: local)).local_directory() == tmp_path

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from plancache import ConfigError, PlanCache, PlanStore
-from plancache.testing import LocalStore
+from plancache.testing import LocalLayer
 from tests.test_docs import FENCE, ROOT, seed
 
 RELEASE = "a5f2e6f"
@@ -222,7 +222,7 @@ def test_what_is_no_store_is_refused_when_the_cache_is_built(tmp_path: Path) -> 
     cache = PlanCache(lambda: "s3://bucket/plans")  # type: ignore[arg-type,return-value]
     decision = cache.lookup({"model": "m"}, current_free_memory=1 << 30)
     assert decision.reason == "error" and "gave a str, not a store" in decision.detail
-    assert PlanCache(PlanStore(LocalStore(tmp_path))).store.layer.url == str(tmp_path)
+    assert PlanCache(PlanStore(LocalLayer(tmp_path))).store.layer.url == str(tmp_path)
 
 
 @pytest.mark.parametrize("command", [["ls"], ["show", "2f6f1f"]])

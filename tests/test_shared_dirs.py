@@ -21,7 +21,8 @@ from plancache._artifacts import archive, modelinfo, packing
 from plancache._artifacts.modelinfo import ModelInfo
 from plancache._command import caches as cache_command
 from plancache._neighbours import MAX_DEPTH, foreign
-from plancache.caches import CacheShare, directory_cache
+from plancache._reasons import Reason
+from plancache.caches import CacheFetched, CacheShare, directory_cache
 from plancache.integrations.vllm.factors import MAX_EXPLAINED, keep_for_explain
 from plancache.testing import child_env
 from tests.artifacts.test_long_names import _left_out
@@ -53,9 +54,9 @@ def test_the_pull_record_is_never_written_through_a_planted_link(tmp_path: Path)
     victim = _victim(tmp_path)
     record = f"{cache_command.RECORD_PREFIX}{cache.kind}-{cache.scope}.json"
     (root / f"{record}.{os.getpid()}.tmp").symlink_to(victim)  # the temp name 0.4.0 used
-    cache_command._remember(cache, {"ab/kernel.bin"})
+    cache_command._remember(cache, CacheFetched(Reason.HIT, known=frozenset({"ab/kernel.bin"})))
     assert victim.read_bytes() == b"the user's own file"
-    assert cache_command._recorded(cache) == {"ab/kernel.bin"}
+    assert cache_command._recorded(cache) == ({"ab/kernel.bin"}, set())
     assert (root / record).stat().st_mode & 0o777 == 0o600
 
 

@@ -230,11 +230,16 @@ def install_cache(
     accept: Callable[[Manifest], Refused | str | None],
     max_bytes: int = DEFAULT_MAX_BYTES,
     keyring: Keyring = NO_KEYS,
+    placed: Callable[[FileEntry, str], None] = lambda entry, outcome: None,
 ) -> tuple[Manifest, int]:
     """Verify the cache bundle ``source`` (of ``kind`` in ``scope``) and install its files
     below ``root``, each create-if-absent, group files last and re-rooted (see the module
     docstring). Returns the manifest and how many files this call installed; raises
-    ``ArtifactError`` (nothing installed) as ``install`` does."""
+    ``ArtifactError`` (nothing installed) as ``install`` does. ``placed(entry, outcome)``
+    says what became of each file: ``installed``; ``same``: the node had it there with the
+    bytes the bundle's would have been (a group file: once re-rooted), kept; ``differing``:
+    the node had other bytes there, or something that is not a regular file (a link on the
+    way too), kept as it is and never followed."""
     expected = (kind, scope, "")
     with (
         _verified(source, root, expected, accept, max_bytes, keyring) as (manifest, top, temp),
@@ -247,12 +252,54 @@ def install_cache(
             try:
                 dest = into(entry.path)
             except OddFileError:  # a link or a file where a directory goes: never followed
+                placed(entry, "differing")
                 continue
             held = extracted(entry.path)
             if is_group_file(entry.path) and not regroup(held, name, dest.path):
                 continue  # not a group Triton wrote: its kernel stays invisible (compiled)
-            installed += dest.link(held, name, name)
+            if dest.link(held, name, name):
+                installed += 1
+                placed(entry, "installed")
+            else:
+                same = same_file(dest, held, name) or (
+                    is_group_file(entry.path) and same_group(dest, held, name)
+                )
+                placed(entry, "same" if same else "differing")
         return manifest, installed
+
+
+def same_file(one: Directory, other: Directory, name: str) -> bool:
+    """True where the regular files ``name`` of ``one`` and of ``other`` hold the same bytes
+    (sizes first, then the bytes, in chunks); False for other bytes, or for anything there
+    that is not a regular file (never followed nor waited on)."""
+    with contextlib.ExitStack() as stack:
+        held = []
+        for directory in (one, other):
+            try:
+                opened = directory.open_file(name)
+            except OSError:
+                return False
+            if opened is None:
+                return False
+            stack.callback(os.close, opened[0])
+            held.append(opened)
+        (a, st_a, _), (b, st_b, _) = held
+        if st_a.st_size != st_b.st_size:
+            return False
+        while chunk := os.read(a, CHUNK):
+            if os.read(b, len(chunk)) != chunk:
+                return False
+        return not os.read(b, 1)
+
+
+def same_group(one: Directory, other: Directory, name: str) -> bool:
+    """True where the group files ``name`` of ``one`` and ``other`` list the same children
+    at the same paths (Triton and ``regroup`` space their JSON apart)."""
+    try:
+        a, b = one.read(name, MAX_GROUP_BYTES), other.read(name, MAX_GROUP_BYTES)
+        return a is not None and b is not None and orjson.loads(a.data) == orjson.loads(b.data)
+    except (OSError, ValueError):
+        return False
 
 
 def is_group_file(path: str) -> bool:

@@ -114,14 +114,24 @@ class Fetched:
 @dataclass(frozen=True)
 class CacheFetched:
     """What a cache fetch did: the reason (``hit``: a bundle at least was installed, else as
-    ``Fetched``'s), the bundles and files installed, every path the bundles read list, and
-    the seconds it took."""
+    ``Fetched``'s), the bundles read and the files (and bytes) installed, the files the
+    node had already with the bundles' bytes (``skipped``, ``skipped_bytes``), the paths of
+    those it had with other bytes or as something else (``differing``: kept as they are,
+    never replaced), every path a later upload leaves out (``known``: those the bundles read
+    list, and ``found``), the paths the directory held before the fetch that no bundle lists
+    (``found``: not this run's, so never uploaded as if it were; empty where the caller did
+    not look), and the seconds it took."""
 
     reason: Reason
     bundles: int = 0
     installed: int = 0
     known: frozenset[str] = frozenset()
     seconds: float = 0.0
+    installed_bytes: int = 0
+    skipped: int = 0
+    skipped_bytes: int = 0
+    differing: tuple[str, ...] = ()
+    found: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,8 @@ class Short:
     pattern: re.Pattern[str]
     refers: Callable[[str, str], bool]
     hint: str
+    many: bool = False
+    """Whether one reference may name several objects (every bundle of a scope)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class Kind:
     show: Callable[[Any, str, Keyring], list[str]] | None = None
     """``show``'s lines of a head (``str``: the line naming the object and its store)."""
     short: Short | None = None
+    group: Callable[[Any], str] | None = None
+    """The group of a head: objects that stand for each other (a cache's bundles of one
+    kind and scope), of which ``prune --keep-newest N`` keeps the newest N."""
     verified: str = ""
     """What ``verify``'s summary adds to ``N <label>s checked``."""
     copied: bool = True

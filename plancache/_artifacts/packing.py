@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -213,6 +213,7 @@ def scan_cache(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     kind: str = "cache",
+    skipped: Callable[[int], None] = lambda size: None,
 ) -> list[FileEntry]:
     """The regular files below ``root`` (a generated cache of ``kind``) whose paths are not
     in ``known``, with their digests, in path order, at most ``MAX_FILES``, ``max_bytes``
@@ -221,12 +222,14 @@ def scan_cache(
     starting with a dot or ``tmp.`` (temp files and directories of the cache's writers,
     plancache's own), ``*.tmp``, ``*.lock``, lock directories. Counted and logged
     (``_LeftOut``): what another user could have written, what is not a regular file, names
-    no bundle may hold, what is past a cap."""
+    no bundle may hold, what is past a cap. ``skipped(size)`` is called for each file
+    ``known`` lists."""
     entries: list[FileEntry] = []
     total = listed = 0
     left_out = _LeftOut(root, kind)
     for rel, st, file in _own_files(root, _not_shared, left_out):
         if rel in known:
+            skipped(st.st_size)
             continue
         try:
             check_path(rel, "")
@@ -245,6 +248,12 @@ def scan_cache(
         entries.append(FileEntry(rel, st.st_size, _digest(file), _mode(st)))
     left_out.log()
     return entries
+
+
+def cache_paths(root: Path) -> frozenset[str]:
+    """The paths below ``root`` that ``scan_cache`` would look at (names it does not leave
+    out uncounted), listed without reading a file (``walk``: no link followed)."""
+    return frozenset(entry.path for entry in walk(root, _not_shared))
 
 
 def _mode(st: os.stat_result) -> int:
@@ -273,13 +282,16 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % BLOCK)
 
 
-def tar_chunks(root: Path, manifest: Manifest) -> Iterator[bytes]:
-    """The uncompressed archive of ``manifest``'s files under ``root``, in chunks. Each file
-    is digested again as it is read: one that changed since ``scan`` raises
-    ``ArtifactError`` (the caller's upload is then abandoned, never completed)."""
+def tar_chunks(
+    root: Path, manifest: Manifest, progress: Callable[[int, int], None] | None = None
+) -> Iterator[bytes]:
+    """The uncompressed archive of ``manifest``'s files under ``root``, in chunks;
+    ``progress(done, files)`` after each file. Each file is digested again as it is read:
+    one that changed since ``scan`` raises ``ArtifactError`` (the caller's upload is then
+    abandoned, never completed)."""
     data = manifest.encode()
     yield _header(MANIFEST_NAME, len(data), 0o644) + data + _padding(len(data))
-    for entry in manifest.files:
+    for done, entry in enumerate(manifest.files, 1):
         yield _header(entry.path, entry.size, entry.mode)
         h, size = hashlib.sha256(), 0
         try:  # each component opened without following a link, as the scan did
@@ -296,6 +308,8 @@ def tar_chunks(root: Path, manifest: Manifest) -> Iterator[bytes]:
         if size != entry.size or h.hexdigest() != entry.sha256:
             raise ArtifactError(f"{entry.path} changed while it was uploaded")
         yield _padding(entry.size)
+        if progress is not None:
+            progress(done, len(manifest.files))
     yield b"\0" * (2 * BLOCK)
 
 
@@ -342,18 +356,28 @@ def pack_cache(
     keyring: Keyring = NO_KEYS,
     producer: dict[str, object] | None = None,
     compress: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    factors: Mapping[str, object] | None = None,
 ) -> tuple[Manifest, Iterator[bytes]]:
     """The bundle of ``files`` (from ``scan_cache(root)``) of cache ``kind`` valid in
-    ``scope``, signed when ``keyring`` can sign, and its stream (as ``pack``'s)."""
-    manifest = Manifest(scope, "", tuple(files), producer=producer or {}, kind=kind)
-    return _signed_stream(root, manifest, keyring, compress)
+    ``scope`` (``factors``: those it hashes, kept as the manifest's labels, for people),
+    signed when ``keyring`` can sign, and its stream (as ``pack``'s; ``progress`` as
+    ``tar_chunks``')."""
+    manifest = Manifest(
+        scope, "", tuple(files), producer=producer or {}, labels=dict(factors or {}), kind=kind
+    )
+    return _signed_stream(root, manifest, keyring, compress, progress)
 
 
 def _signed_stream(
-    root: Path, manifest: Manifest, keyring: Keyring, compress: bool
+    root: Path,
+    manifest: Manifest,
+    keyring: Keyring,
+    compress: bool,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Manifest, Iterator[bytes]]:
     manifest = manifest.signed_with(keyring)
-    chunks = tar_chunks(root, manifest)
+    chunks = tar_chunks(root, manifest, progress)
     if compress and zstd_available():
         chunks = compressed(chunks)
     return manifest, chunks

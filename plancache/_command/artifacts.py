@@ -168,32 +168,43 @@ def rm(layer: ObjectLayer, refs: list[str]) -> None:
 
 def prune(
     layer: ObjectLayer,
-    older_than: float,
+    older_than: float | None,
     max_bytes: int,
     *,
     dry_run: bool,
     installs: Path | None = None,
     roots: Sequence[Path] = (),
+    keep: int | None = None,
 ) -> None:
-    """Delete (or list) the artifacts older than ``older_than`` seconds, and report those
-    kept; with ``installs`` (this node's vLLM compile cache) and ``roots`` (its generated
-    caches: Triton's), also the temp directories of installs killed that long ago, in every
-    directory they install into; silent if there is nothing."""
+    """Delete (or list) the objects older than ``older_than`` seconds (None: none by age)
+    and, with ``keep``, all but the newest ``keep`` of each group of a kind that has groups
+    (a cache's bundles of one kind and scope), and report those kept; with ``installs``
+    (this node's vLLM compile cache) and ``roots`` (its generated caches: Triton's), also
+    the temp directories of installs killed that long ago, in every directory they install
+    into; silent if there is nothing."""
     verb = "would delete" if dry_run else "deleted"
-    if installs is not None:
+    if installs is not None and older_than is not None:
         keys = sorted(installs.iterdir()) if installs.is_dir() else []
         for where, dirs in ((installs, keys), *((root, [root]) for root in roots)):
             stale = sum(remove_partial_installs(d, older_than, dry_run=dry_run) for d in dirs)
             if stale:
                 echo(f"{verb} {plural(stale, 'partial install')} of killed boots in {where}")
     for kind in KINDS:
-        result = inventory.prune(layer, older_than, dry_run=dry_run, max_bytes=max_bytes, kind=kind)
+        if older_than is None and kind.group is None:
+            continue
+        result = inventory.prune(
+            layer, older_than, dry_run=dry_run, max_bytes=max_bytes, kind=kind, keep=keep
+        )
         for name in result.deleted:
             echo(f"{verb} {name}")
         for name, why in result.kept:
             echo(f"{name}  {why}")
+        whys = [f"older than {age(older_than)}"] if older_than is not None else []
+        whys += (
+            [f"past the newest {keep} of their scope"] if keep is not None and kind.group else []
+        )
         if result.deleted:
-            echo(f"{verb} {plural(len(result.deleted), kind.label)} older than {age(older_than)}")
+            echo(f"{verb} {plural(len(result.deleted), kind.label)} {' or '.join(whys)}")
     prune_claims(layer, max_bytes, dry_run=dry_run)
 
 

@@ -61,16 +61,20 @@ _EPILOG = (
     "(else the local default directory). cp takes two stores, SRC and DST."
 )
 _COMMAND_HELP = {
-    "ls": "list the plans in a store, one row each (invalid records too, with the reason), "
-    "then its compile artifacts",
+    "ls": "list what a store holds, one row each: plans (invalid records too, with the "
+    "reason), compile artifacts, cache bundles (object, kind, scope, size), model infos",
     "show": "show a whole record, factors included, by fingerprint or unique prefix (a "
-    "compile artifact's manifest: KEY/rank_R_D)",
+    "compile artifact's manifest: KEY/rank_R_D; a bundle's: its object name)",
     "verify": "check every record against the format's rules (and, with --require-signature, "
     "its signature); exit 1 if any fails",
-    "rm": "delete plans by fingerprint or unique prefix (compile artifacts: KEY/rank_R_D)",
-    "prune": "drop observations older than an age, or dated more than that ahead (a plan left "
-    "with none is deleted), and abandoned temp files of local stores",
-    "cp": "copy every valid plan from SRC to DST, merging with what DST holds",
+    "rm": "delete what a store holds by reference: plans by fingerprint or unique prefix, "
+    "objects by name (compile artifacts: KEY/rank_R_D; every bundle of a cache's scope: "
+    "cache_<kind>_<scope>)",
+    "prune": "delete what is older than an age (plans: observations older, or dated more "
+    "than that ahead; a plan left with none is deleted), abandoned temp files of local "
+    "stores, and with --keep-newest N the cache bundles past the newest N of their scope",
+    "cp": "copy every valid plan from SRC to DST, merging with what DST holds, then the "
+    "other kinds (artifacts and bundles create-if-absent, under the trust rule)",
     "stats": "plan count, bytes, oldest and newest plan, devices seen, compile artifacts, what "
     "the reported boots decided and rebuilt anyway",
     "fingerprint": "print the fingerprint and canonical encoding of a factors object",
@@ -139,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``plancache`` argument parser, one subparser per subcommand."""
     parser = argparse.ArgumentParser(
         prog="plancache",
-        description="Inspect and manage stores of vLLM startup plans (local, s3://, gs://).",
+        description="Inspect and manage plancache stores (local, s3://, gs://): vLLM startup "
+        "plans, compile artifacts, cache bundles of any program (Inductor's, Triton's, your "
+        "own), model infos; pull and push a cache directory (cache pull, cache push).",
         epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"plancache {__version__}")
@@ -203,12 +209,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("rm", cmd_rm)
-    p.add_argument("fingerprints", nargs="+", metavar="FP", help="fingerprints or prefixes")
+    p.add_argument(
+        "refs",
+        nargs="+",
+        metavar="REF",
+        help="a plan's fingerprint or unique prefix, an object's name (ls shows them), a "
+        "compile artifact's KEY/rank_R_D, or cache_<kind>_<scope>: every bundle of a scope",
+    )
     url(p, positional=False)
 
     url(p := command("prune", cmd_prune))
     p.add_argument(
-        "--older-than", type=parse_duration, required=True, metavar="AGE", help="30d, 12h, 45m"
+        "--older-than", type=parse_duration, metavar="AGE", help="30d, 12h, 45m (everything)"
+    )
+    p.add_argument(
+        "--keep-newest",
+        type=int,
+        metavar="N",
+        help="cache bundles: keep the newest N of each kind and scope, delete the rest",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from plancache._artifacts.registry import KINDS
 from plancache._backends.guarded import TRUST_VARIABLE
 from plancache._backends.verdicts import VERDICTS_DIR, VerdictCache, identity, share
 from plancache._breaker import MARKS_DIR
@@ -43,6 +44,7 @@ from plancache._command.display import echo, plural, print_json, print_table, si
 from plancache._config import Settings, keyring_from_env
 from plancache._defaults import CLOCK_WAIT_S, DOCTOR_SKEW_S, EXPLAIN_DIR, parse_storage_options
 from plancache._forwarding import ForwardingLayer, beneath
+from plancache._inventory.artifacts import names
 from plancache._keys import plan_object_name
 from plancache._objects import ObjectLayer
 from plancache._probe import STEPS, StoreVerdict, probe
@@ -107,8 +109,7 @@ class _Doctor:
             stack.close()
 
     def local_store(self, store: ObjectLayer) -> None:
-        plans = PlanStore(store)
-        self.attempt("store", "list", lambda: f"{sum(1 for _ in plans.iter_fingerprints())} plans")
+        self.attempt("store", "list", lambda: held(store))
         why = "local directory: atomic by construction"
         if store.local_directory() is None:
             why = "the store declares no probe store: not probed"
@@ -275,6 +276,14 @@ class _Doctor:
             self.add(
                 "vllm", "writes", "info", "off: PLANCACHE_READ_ONLY=1 (every kind is read only)"
             )
+
+
+def held(store: ObjectLayer) -> str:
+    """What ``store`` holds, every kind counted: ``2 plans, 1 cache bundle`` (kinds it holds
+    none of left out), or ``nothing stored``."""
+    counts = [(sum(1 for _ in PlanStore(store).iter_fingerprints()), "plan")]
+    counts += [(len(names(store, kind)), kind.label) for kind in KINDS]
+    return ", ".join(plural(n, label) for n, label in counts if n) or "nothing stored"
 
 
 def credential_source(store: ObjectLayer, secrets_: list[str]) -> str:

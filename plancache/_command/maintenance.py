@@ -64,13 +64,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    """Delete plans by fingerprint or unique prefix (other kinds by their references); every
-    prefix is resolved first."""
+    """Delete what the references name: plans by fingerprint or unique prefix, other kinds
+    by their object names or short references (a compile artifact's ``KEY/rank_R_D``, every
+    bundle of a cache's scope: ``cache_<kind>_<scope>``); every reference is resolved
+    first."""
     store = open_named(args, args.url)
-    refs = [f for f in args.fingerprints if artifact_commands.is_ref(f)]
+    refs = [f for f in args.refs if artifact_commands.is_ref(f)]
     if refs:
         artifact_commands.rm(store.layer, refs)
-    plans = [f for f in args.fingerprints if f not in refs]
+    plans = [f for f in args.refs if f not in refs]
     for fp, deleted in inventory.remove(store, plans) if plans else ():
         echo(f"deleted {fp}" if deleted else f"already gone {fp}")
     return 0
@@ -78,8 +80,18 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     """Drop observations recorded longer ago than ``--older-than`` (deleting plans left with
-    none), and abandoned temp files; then the other kinds older than that."""
+    none), and abandoned temp files; then the other kinds older than that, and with
+    ``--keep-newest N`` the cache bundles past the newest N of their kind and scope."""
+    if args.older_than is None and args.keep_newest is None:
+        raise CliError("prune: give --older-than AGE, --keep-newest N, or both")
+    if args.keep_newest is not None and args.keep_newest < 0:
+        raise CliError("prune: --keep-newest takes a count (0 or more)")
     store = open_named(args, args.url)
+    if args.older_than is None:
+        artifact_commands.prune(
+            store.layer, None, max_artifact_bytes(), dry_run=args.dry_run, keep=args.keep_newest
+        )
+        return 0
     now = time.time()
     result = inventory.prune(store, args.older_than, dry_run=args.dry_run, now=now)
     verb = "would drop" if args.dry_run else "dropped"
@@ -114,6 +126,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         installs=installs,
         roots=[triton],
+        keep=args.keep_newest,
     )
     return 0
 

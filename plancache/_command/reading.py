@@ -110,14 +110,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     listed = artifact_commands.ls(store.layer, keyring, max_artifact_bytes())
     artifact_commands.ls_claims(store.layer, max_artifact_bytes())
     rejected = sum(e.rejected is not None for _, e in valid)
-    summary = f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"
+    parts = [f"{plural(len(valid), 'plan')}, {len(invalid)} invalid"] if valid or invalid else []
     if unreadable := sum(e.unreadable for e in entries):
-        summary += f", {unreadable} unreadable"
-    for kind, found in listed:
-        if found:
-            summary += f", {plural(len(found), kind.label)}"
+        parts.append(f"{unreadable} unreadable")
+    parts += [plural(len(found), kind.label) for kind, found in listed if found]
     if rejected:
-        summary += f", {rejected} not validly signed (never applied with these keys)"
+        parts.append(f"{rejected} not validly signed (never applied with these keys)")
+    summary = ", ".join(parts) or "nothing stored"
     echo(f"{summary}, in {store.url}")
     return 0
 

@@ -131,7 +131,10 @@ def _opened(args: argparse.Namespace) -> tuple[CacheShare, list[GeneratedCache],
         share, url = _share(args)
         if len(args.kind) > 1 and (args.dir or args.factor):
             raise CliError("--dir and --factor name one kind of your own, not several")
-        caches = [_cache(argparse.Namespace(**{**vars(args), "kind": k})) for k in args.kind]
+        caches = [
+            _cache(argparse.Namespace(**{**vars(args), "kind": k}), must_exist=False)
+            for k in args.kind
+        ]
     except Exception as exc:  # fail-open: the program runs as without plancache
         text = f"{type(exc).__name__}: {exc}"
         if args.keyring is not None:

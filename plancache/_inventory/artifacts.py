@@ -129,19 +129,21 @@ class Heads:
 
 
 def resolve(layer: ObjectLayer, refs: Sequence[str], kind: Kind = ARTIFACTS) -> list[str]:
-    """The object names of ``kind`` that ``refs`` name, each uniquely: its short reference
-    (``<key or key prefix>/<rank>`` for an artifact) or an object name; ``ValueError``
-    naming the first that matches none or several."""
+    """The object names of ``kind`` that ``refs`` name, each uniquely (every one, where the
+    kind's short reference may name several): its short reference (``<key or key
+    prefix>/<rank>`` for an artifact) or an object name; ``ValueError`` naming the first
+    that matches none or several."""
     known = names(layer, kind)
     found = []
+    short = kind.short
     for ref in refs:
-        short = kind.short
         matches = [n for n in known if n == ref or (short is not None and short.refers(ref, n))]
-        if len(matches) != 1 or not ref.strip().partition("/")[0]:
+        many = short is not None and short.many and len(matches) > 1
+        if (len(matches) != 1 and not many) or not ref.strip().partition("/")[0]:
             what = f"no {kind.label}" if not matches else f"{len(matches)} {kind.label}s"
             hint = "" if short is None else f" (give {short.hint})"
             raise ValueError(f"{what} match {ref!r} in {layer.url}{hint}")
-        found.append(matches[0])
+        found += matches
     return list(dict.fromkeys(found))
 
 
@@ -272,27 +274,46 @@ class ArtifactPruning:
     """(name, why) of artifacts kept: unreadable here, or changed since they were judged."""
 
 
+def _surplus(entries: list[ArtifactRecord], kind: Kind, keep: int | None) -> set[str]:
+    """The names of ``entries`` past the newest ``keep`` of their group (``Kind.group``)."""
+    group = kind.group
+    if keep is None or group is None:
+        return set()
+    groups: dict[str, list[tuple[float, str]]] = {}
+    for e in entries:
+        if e.manifest is not None:
+            groups.setdefault(group(e.manifest), []).append((-e.manifest.created_at, e.name))
+    return {name for members in groups.values() for _, name in sorted(members)[keep:]}
+
+
 def prune(
     layer: ObjectLayer,
-    older_than: float,
+    older_than: float | None,
     *,
     dry_run: bool = False,
     now: float | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     kind: Kind = ARTIFACTS,
+    keep: int | None = None,
 ) -> ArtifactPruning:
-    """Delete the objects of ``kind`` created more than ``older_than`` seconds ago (by age
-    only), each only as the version judged; those this process cannot read are kept and
-    reported."""
+    """Delete the objects of ``kind`` created more than ``older_than`` seconds ago (None:
+    none by age), and, with ``keep``, all but the newest ``keep`` of each of the kind's
+    groups (``Kind.group``; a kind without groups: none), each only as the version judged;
+    those this process cannot read are kept and reported."""
     now = time.time() if now is None else now
     gone: list[str] = []
     kept: list[tuple[str, str]] = []
-    for entry in scan(layer, max_bytes, kind):
+    entries = list(scan(layer, max_bytes, kind))
+    for entry in entries:
         if entry.manifest is None:
             why = UNREADABLE_HERE if entry.unreadable else "unreadable: kept"
             kept.append((entry.name, f"{why} ({entry.error})"))
-            continue
-        if not prunable(entry.manifest.created_at, older_than, now):
+    readable = [e for e in entries if e.manifest is not None]
+    surplus = _surplus(readable, kind, keep)
+    for entry in readable:
+        assert entry.manifest is not None
+        old = older_than is not None and prunable(entry.manifest.created_at, older_than, now)
+        if not old and entry.name not in surplus:
             continue
         if dry_run or delete(layer, entry.name, entry.version):
             gone.append(entry.name)

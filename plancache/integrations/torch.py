@@ -26,9 +26,13 @@ Guarantees (those of bundles, ``plancache.caches``):
   neither raises for a store's failure, and ``load`` raises nothing at all: without the
   bytes, torch compiles as usual.
 
-Each ``save`` of other bytes under a name adds one bundle, and ``load`` loads them all: use
-one name per program and version (``"llama-8b-v3"``), or prune old bundles
-(``plancache prune``).
+Content, not order: ``save`` stores torch's artifacts sorted and without duplicates (torch's
+own encoding, ``canonical``), so the same artifacts saved in another order are the same
+object, and leaves out every artifact this process loaded under the same name through
+``load`` (stored already): a ``save`` after a ``load`` that compiled nothing new stores
+nothing (``skipped``). Each ``save`` of new artifacts under a name adds one bundle, and
+``load`` loads them all: use one name per program and version (``"llama-8b-v3"``), or prune
+old bundles (``plancache prune``).
 
 Importing this module imports no torch; ``save`` and ``load`` do.
 """
@@ -41,6 +45,7 @@ import importlib.metadata
 import logging
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +88,18 @@ def mega_cache(
 
 @dataclass(frozen=True)
 class MegaCacheSaved:
-    """What ``save`` did: the bytes' size and sha256 (0 and "": torch had nothing to save),
-    {destination: created} (False: stored already), and why nothing was stored, if so."""
+    """What ``save`` did: the size and sha256 of the bytes stored (0 and "": none), the
+    artifacts they hold and those left out as loaded here already (``loaded``),
+    {destination: created} (False: stored already; missing: not written there, logged),
+    and why nothing was stored, if so."""
 
     name: str
     bytes: int = 0
     sha256: str = ""
     written: dict[str, bool] = field(default_factory=dict)
     skipped: str | None = None
+    artifacts: int = 0
+    loaded: int = 0
 
 
 @dataclass
@@ -129,28 +138,106 @@ def save(
             log.info("plancache: mega-cache %s: torch has nothing to save", name)
             return MegaCacheSaved(name, skipped="torch had nothing to save")
         artifacts = bytes(saved[0])
-    digest = hashlib.sha256(artifacts).hexdigest()
+    data, kept, loaded = canonical(artifacts, _loaded_under(name))
+    if data is None:
+        why = f"all {loaded} artifacts were loaded from the store: nothing new"
+        log.info("plancache: mega-cache %s: nothing stored: %s", name, why)
+        return MegaCacheSaved(name, skipped=why, loaded=loaded)
+    digest = hashlib.sha256(data).hexdigest()
     own = share is None
     opened = CacheShare.from_env() if share is None else share
     try:
-        if len(artifacts) > opened.max_bytes:
-            why = f"{len(artifacts)} bytes, over PLANCACHE_COMPILE_MAX_BYTES={opened.max_bytes}"
+        if len(data) > opened.max_bytes:
+            why = f"{len(data)} bytes, over PLANCACHE_COMPILE_MAX_BYTES={opened.max_bytes}"
             log.warning("plancache: mega-cache %s: not stored: %s", name, why)
-            return MegaCacheSaved(name, len(artifacts), digest, skipped=why)
+            return MegaCacheSaved(name, len(data), digest, skipped=why, artifacts=kept)
         with tempfile.TemporaryDirectory(prefix="plancache-mega-") as root:
-            (Path(root) / f"{digest}{SUFFIX}").write_bytes(artifacts)
+            (Path(root) / f"{digest}{SUFFIX}").write_bytes(data)
             pushed = opened.push(mega_cache(name, root, gpu=gpu))
     finally:
         if own:
             opened.close()
-    log.info(
-        "plancache: mega-cache %s: %d bytes stored (%s)",
-        name,
-        len(artifacts),
-        " ".join(f"{k}={'created' if v else 'there'}" for k, v in pushed.written.items())
-        or "not written",
-    )
-    return MegaCacheSaved(name, len(artifacts), digest, pushed.written)
+    # no file new to the store: a stored bundle holds these bytes already
+    written = pushed.written if pushed.files else {"store": False}
+    log.info("plancache: mega-cache %s: %d bytes %s", name, len(data), said(written))
+    return MegaCacheSaved(name, len(data), digest, written, None, kept, loaded)
+
+
+def said(written: dict[str, bool]) -> str:
+    """What a save's ``written`` means, in words that do not contradict each other."""
+    if not written:
+        return "not stored: no destination took them (see the warnings before)"
+    created = [k for k, v in written.items() if v]
+    there = [k for k, v in written.items() if not v]
+    parts = [f"stored in the {', '.join(created)}"] if created else []
+    parts += [f"stored already in the {', '.join(there)}"] if there else []
+    return "; ".join(parts)
+
+
+_loaded: dict[str, set[str]] = {}
+"""The digests (``_digest``) of the artifacts ``load`` handed torch, per name: a ``save``
+under that name leaves them out."""
+_loaded_lock = threading.Lock()
+
+
+def _loaded_under(name: str) -> frozenset[str]:
+    with _loaded_lock:
+        return frozenset(_loaded.get(name, ()))
+
+
+Artifact = tuple[str, str, bytes]
+"""One of torch's cache artifacts: its type, key and content."""
+
+
+def _digest(artifact: Artifact) -> str:
+    kind, key, content = artifact
+    body = hashlib.sha256(content).hexdigest()
+    return hashlib.sha256(f"{kind}\0{key}\0{body}".encode()).hexdigest()
+
+
+def _artifacts(data: bytes) -> list[Artifact] | None:
+    """The artifacts of torch's mega-cache bytes, sorted, each once (torch's own reader:
+    it checks the bytes' checksum and version, unpickles nothing); None where this torch
+    cannot read them (another format, or no such reader)."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        parsed = CacheArtifactManager.deserialize(data)
+    except Exception:  # a torch without this reader: the bytes are taken as they are
+        return None
+    if parsed is None:
+        return None
+    return sorted({(kind, a.key, bytes(a.content)) for kind, got in parsed.items() for a in got})
+
+
+def canonical(data: bytes, loaded: frozenset[str] = frozenset()) -> tuple[bytes | None, int, int]:
+    """torch's mega-cache bytes ``data`` as stored: its artifacts sorted, each once, less
+    those whose digest ``loaded`` holds, in torch's own encoding (the same artifacts in any
+    order: the same bytes); None where every artifact is in ``loaded``. Also how many
+    artifacts they hold and how many were left out. Bytes torch cannot read or write again
+    are kept as they are (logged)."""
+    try:
+        from torch.compiler._cache import CacheArtifactFactory, _serialize_single_cache
+        from torch.utils._appending_byte_serializer import AppendingByteSerializer
+
+        artifacts = _artifacts(data)
+        if artifacts is None:
+            raise ValueError("torch could not read them")
+        new = [a for a in artifacts if _digest(a) not in loaded]
+        if not new:
+            return None, 0, len(artifacts)
+        writer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
+        for kind in sorted({a[0] for a in new}):
+            made = [
+                CacheArtifactFactory.create(kind, key, body) for t, key, body in new if t == kind
+            ]
+            writer.append((kind, made))
+        return writer.to_bytes(), len(new), len(artifacts) - len(new)
+    except Exception as exc:  # another torch's format: stored as torch gave them
+        log.info(
+            "plancache: mega-cache bytes kept as torch gave them: %s: %s", type(exc).__name__, exc
+        )
+        return data, 0, 0
 
 
 def load(name: str, *, gpu: str | None = None, share: CacheShare | None = None) -> MegaCacheLoaded:
@@ -220,4 +307,8 @@ def _load_blob(name: str, blob: Path) -> Any | None:
         return None
     if info is None:
         log.warning("plancache: mega-cache %s: torch could not read it (see torch's log)", name)
+        return None
+    digests = {_digest(a) for a in _artifacts(data) or ()}
+    with _loaded_lock:
+        _loaded.setdefault(name, set()).update(digests)
     return info

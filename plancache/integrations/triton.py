@@ -89,7 +89,7 @@ class _Session:
             log.warning("plancache: triton cache: not pulled: %s: %s", type(exc).__name__, exc)
             return
         with self.lock:
-            self.known |= fetched.known
+            self.known |= fetched.known - fetched.found  # a kernel it uses is its own
             self.bundles = fetched.bundles
         log.info(
             "plancache: triton cache: %s, %d bundles, %d files installed (%.3f s)",

@@ -7,6 +7,7 @@ inventory's rules, local and S3 stores."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from plancache._artifacts import archive, packing
+from plancache._artifacts import archive, bundles, packing
 from plancache._artifacts.manifest import (
     CACHE_KINDS,
     Manifest,
@@ -325,3 +326,37 @@ def test_flashinfer_autotune_files_as_vllm_writes_them(tmp_path: Path) -> None:
         "autotune_configs_dp0_rank0.json",
         "autotune_configs_dp0_rank1.json",
     ]
+
+
+def test_ls_names_a_scope_in_words_only_where_its_factors_hash_to_it() -> None:
+    factors = {"triton": "3.9.0", "device": "H100 sm_90"}
+    told = Manifest(SCOPE, "", (), labels=factors, kind="triton")
+    assert bundles.scope_words(told) == "triton 3.9.0, device H100 sm_90"
+    lying = Manifest(SCOPE, "", (), labels={**factors, "triton": "3.1.0"}, kind="triton")
+    assert bundles.scope_words(lying) == SCOPE[:12]  # another producer's words are not taken
+    assert bundles.scope_words(Manifest(SCOPE, "", (), kind="triton")) == SCOPE[:12]
+
+
+def test_a_kernel_the_node_compiled_itself_is_the_same_not_a_difference(tmp_path: Path) -> None:
+    src, node = tmp_path / "src", tmp_path / "node"
+    _kernel(src, "K" * 52)
+    _, chunks = packing.pack_cache(src, "triton", SCOPE, packing.scan_cache(src))
+    _kernel(node, "K" * 52)  # Triton spaces its JSON apart; regroup does not
+    group = node / ("K" * 52) / "__grp__add.json"
+    group.write_text(json.dumps(orjson.loads(group.read_bytes())))
+    (node / ("K" * 52) / "add.ptx").write_bytes(b"other bytes")
+    placed: dict[str, str] = {}
+    archive.install_cache(
+        io.BytesIO(b"".join(chunks)),
+        node,
+        "triton",
+        SCOPE,
+        accept=lambda m: None,
+        placed=lambda entry, outcome: placed.__setitem__(entry.path.rpartition("/")[2], outcome),
+    )
+    assert placed == {
+        "add.cubin": "same",
+        "add.json": "same",
+        "__grp__add.json": "same",
+        "add.ptx": "differing",
+    }

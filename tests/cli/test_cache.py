@@ -166,3 +166,86 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert "not written to the store" in err
     assert not store.exists() or not list(store.glob("cache_*"))
+
+
+def test_a_pull_that_meets_other_files_names_them_and_the_push_leaves_them(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    args = ("--kind", "myjit", *FACTORS, "--url", str(store))
+    first, node = tmp_path / "first", tmp_path / "node"
+    first.mkdir()
+    _fill(first)
+    ok("cache", "push", "--dir", str(first), *args)
+    for rel, data in (("7f/launcher.so", b""), ("ab/cdef0123/kernel.bin", b"garbage")):
+        (node / rel).parent.mkdir(parents=True, exist_ok=True)
+        (node / rel).write_bytes(data)
+    (node / "mine.txt").write_bytes(b"the user's own")
+    pulled = run("cache", "pull", "--dir", str(node), *args)
+    assert pulled.returncode == 0, pulled.stderr
+    assert "hit, 1 bundle, 2 files installed" in pulled.stdout
+    assert "2 files differ from the stored bundles'" in pulled.stderr
+    assert "7f/launcher.so, ab/cdef0123/kernel.bin" in pulled.stderr
+    assert "1 file there before the pull that no bundle holds" in pulled.stdout
+    assert (node / "7f/launcher.so").read_bytes() == b""  # kept as it was
+    # the user's file is not this program's: never stored for every node
+    assert "nothing new: nothing stored" in ok("cache", "push", "--dir", str(node), *args)
+    assert len(list(store.glob("cache_myjit_*"))) == 1
+    # --all stores what the record leaves out (the user said so)
+    pushed = json.loads(ok("cache", "push", "--dir", str(node), *args, "--all", "--json"))
+    assert pushed["files"] == 1  # mine.txt alone: the others are stored
+
+
+def test_push_and_pull_say_files_and_bytes_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    args = ("--kind", "myjit", *FACTORS, "--url", str(store))
+    first, node = tmp_path / "first", tmp_path / "node"
+    first.mkdir()
+    total = sum(len(v) for v in _fill(first).values())
+    out = ok("cache", "push", "--dir", str(first), *args, "--dry-run")
+    assert "4 files would be stored (5.2 KiB) as one bundle" in out and "nothing written" in out
+    assert list(store.glob("cache_*")) == []
+    dry = json.loads(ok("cache", "push", "--dir", str(first), *args, "--dry-run", "--json"))
+    assert (dry["files"], dry["bytes"], dry["dry_run"], dry["written"]) == (4, total, True, {})
+    out = ok("cache", "push", "--dir", str(first), *args)
+    assert "4 files stored as one bundle (5.2 KiB)" in out and "0 files skipped" in out
+    pulled = json.loads(ok("cache", "pull", "--dir", str(node), *args, "--json"))
+    assert (pulled["installed"], pulled["installed_bytes"], pulled["skipped"]) == (4, total, 0)
+    out = ok("cache", "pull", "--dir", str(node), *args)
+    assert "0 files installed (0 B), 4 files there already (5.2 KiB)" in out
+    again = json.loads(ok("cache", "push", "--dir", str(node), *args, "--json"))
+    assert (again["files"], again["skipped"], again["skipped_bytes"]) == (0, 4, total)
+
+
+def test_ls_rm_prune_and_doctor_speak_of_bundles(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    assert ok("ls", "--url", str(store)).splitlines()[-1] == f"nothing stored, in {store}"
+    scopes = {}
+    for n, compiler in enumerate(("1.2.3", "1.2.3", "1.2.3", "9.0")):
+        where = tmp_path / f"d{n}"
+        (where / "k").mkdir(parents=True)
+        (where / "k" / f"kernel{n}.bin").write_bytes(secrets.token_bytes(100 + n))
+        args = ("--kind", "myjit", "--factor", f"compiler={compiler}", "--factor", "arch=sm_90")
+        url = ("--url", str(store))
+        pushed = json.loads(ok("cache", "push", "--dir", str(where), *args, *url, "--json"))
+        scopes[compiler] = pushed["scope"]  # pushed one after another: the last is newest
+    listed = ok("ls", "--url", str(store))
+    # each bundle by its object name, kind, scope in words and size; no plans spoken of
+    assert listed.splitlines()[-1] == f"4 cache bundles, in {store}"
+    assert "BUNDLE" in listed and "CACHE" in listed and "arch sm_90, compiler 1.2.3" in listed
+    assert "101 B" in listed and f"cache_myjit_{scopes['1.2.3']}_" in listed
+    rows = json.loads(ok("ls", "--url", str(store), "--json"))
+    assert {r["factors"]["compiler"] for r in rows} == {"1.2.3", "9.0"}
+    assert "4 cache bundles" in run("doctor", str(store)).stdout
+    # prune: keep the newest N of each scope (1.2.3 has three, 9.0 one)
+    out = ok("prune", "--keep-newest", "1", "--url", str(store))
+    assert "deleted 2 cache bundles past the newest 1 of their scope" in out
+    assert len(list(store.glob(f"cache_myjit_{scopes['1.2.3']}_*"))) == 1
+    assert len(list(store.glob(f"cache_myjit_{scopes['9.0']}_*"))) == 1
+    # rm: every bundle of one scope
+    out = ok("rm", f"cache_myjit_{scopes['9.0']}", "--url", str(store))
+    assert out.count("deleted cache_myjit_") == 1
+    assert list(store.glob(f"cache_myjit_{scopes['9.0']}_*")) == []
+    assert "plans only" not in ok("rm", "--help") and "cache_<kind>_<scope>" in ok("rm", "--help")

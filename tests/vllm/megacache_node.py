@@ -4,8 +4,9 @@ and saves the mega-cache; ``load`` loads it first, then compiles the same functi
 one JSON line: the output, Inductor's FX-graph cache counters
 (``torch._dynamo.utils.counters["inductor"]``) and what plancache did.
 
-usage: megacache_node.py {save,load} NAME; run with ``TORCHINDUCTOR_CACHE_DIR``,
-``TRITON_CACHE_DIR`` and ``PLANCACHE_URL`` set, the checkout's root on the path.
+usage: megacache_node.py {save,load,load-save} NAME (``load-save``: load, compile, save);
+run with ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``PLANCACHE_URL`` set, the
+checkout's root on the path.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["save", "load"])
+    ap.add_argument("mode", choices=["save", "load", "load-save"])
     ap.add_argument("name")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     report: dict[str, Any] = {"mode": args.mode}
-    if args.mode == "load":
+    if args.mode.startswith("load"):
         loaded = mega.load(args.name)
         report |= {"reason": loaded.reason, "loaded": loaded.loaded, "failed": loaded.failed}
         report["load_s"] = loaded.seconds
@@ -48,9 +49,10 @@ def main() -> None:
     report["fxgraph_hit"] = inductor["fxgraph_cache_hit"]
     report["fxgraph_miss"] = inductor["fxgraph_cache_miss"]
     report["autograd_hit"] = counters["aot_autograd"]["autograd_cache_hit"]
-    if args.mode == "save":
+    if args.mode.endswith("save"):
         saved = mega.save(args.name)
         report |= {"bytes": saved.bytes, "written": saved.written, "skipped": saved.skipped}
+        report["loaded_left_out"] = saved.loaded
     print(json.dumps(report), flush=True)
 
 

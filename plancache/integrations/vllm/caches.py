@@ -228,7 +228,7 @@ def _upload(plugin: Plugin, artifacts: ArtifactStore, cache: GeneratedCache) -> 
         triton.report_rebuilt(triton.compiled_since(cache.root, known | before), bundles)
     try:
         files, outcome = artifacts.upload_cache(
-            cache.kind, cache.scope, cache.root, known, compile.producer()
+            cache.kind, cache.scope, cache.root, known, compile.producer(), dict(cache.factors)
         )
     except Exception as exc:
         log.warning("plancache: %s cache not stored: %s: %s", cache.kind, type(exc).__name__, exc)
