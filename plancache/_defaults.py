@@ -18,6 +18,9 @@ RECORD_EXIT_WAIT_S = 10.0
 """Seconds a process's exit waits, in all, for records still being written past their
 budget (on a slow store a short-lived process would otherwise take its observation with it;
 the wait is bounded like compile uploads')."""
+CLOCK_SKEW_S = 300.0
+"""Seconds an object's own date may be ahead of this node's clock (another node's clock): a
+shared verdict, an upload claim, what the bounded reader ranks among the newest."""
 EXPLAIN_DIR = "explain"
 """Below a node's local directory: the factors of its recent misses (the vLLM plugin writes
 them), for ``plancache explain``."""

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from plancache._backends._remote import RemoteStore
+from plancache._defaults import CLOCK_SKEW_S as CLOCK_SKEW_S
 from plancache._directory import Directory
 from plancache._neighbours import OddFileError, read_file
 from plancache._objects import CREATE, Update
@@ -37,8 +38,6 @@ SHARED_VERDICT = "verdict.json"
 """The object, under the probe prefix, that holds the last prober's verdict for every node."""
 SHARED_LIMIT = 4096
 """Most bytes read of a shared verdict."""
-CLOCK_SKEW_S = 300.0
-"""Seconds a shared verdict may be dated in the future (another node's clock)."""
 KEPT = (StoreVerdict.HONEST, StoreVerdict.LIES)
 
 
