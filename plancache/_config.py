@@ -22,19 +22,21 @@ fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itse
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from plancache._backends import open_layer
 from plancache._defaults import DEFAULT_BUDGET_S, default_dir
-from plancache._neighbours import foreign
+from plancache._neighbours import OddFileError, read_followed
 from plancache._objects import ObjectLayer
 from plancache._parse import FALSE_WORDS, TRUE_WORDS, parse_bool, parse_timeout
 from plancache._redaction import redact, without_userinfo
@@ -65,25 +67,25 @@ def read_key_file(path: str, source: str) -> str:
     a regular file (links are followed: Kubernetes mounts secrets through them) of at most
     ``MAX_KEY_FILE_BYTES``, opened without blocking, so that a FIFO or a device is refused at
     once, never waited on or read without end; owned by this user or root and writable by
-    no one else, judged on the file opened (``plancache._neighbours.foreign``: a key another
-    user could have written would sign or accept what they chose). A file that others may
+    no one else, judged on the file opened (``plancache._neighbours.read_followed``: the one
+    bounded read and the one rule, links followed; a key another user could have written
+    would sign or accept what they chose). A file that others may
     read is read, with a warning. Else ``ConfigError`` naming ``source`` and ``path``, never
     the content."""
     where = f"{source} {path!r}"
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with os.fdopen(os.open(os.path.expanduser(path), flags), "rb") as file:
-            st = os.fstat(file.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"cannot read {where}: not a regular file")
-            why = foreign(st, "it")
-            if why is not None:
-                raise ConfigError(f"{where} is not used: {why}; make it this user's, 0600")
-            data = file.read(MAX_KEY_FILE_BYTES + 1)
+        read = read_followed(Path(os.path.expanduser(path)), MAX_KEY_FILE_BYTES)
+    except OddFileError as exc:
+        if exc.errno == errno.EFBIG:
+            raise ConfigError(
+                f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file"
+            ) from None
+        raise ConfigError(f"cannot read {where}: not a regular file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise ConfigError(f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    if read.foreign is not None:
+        raise ConfigError(f"{where} is not used: {read.foreign}; make it this user's, 0600")
+    data, st = read.data, read.st
     if st.st_mode & 0o044:
         log.warning(
             "plancache: %s can be read by users other than its owner (mode %04o); "

@@ -245,7 +245,6 @@ NOT_SHARED = {
     ("_backends/local.py", "os.unlink"): "the local store's own write path: delete, clean-up",
     ("_backends/local.py", "os.link"): "the local store's own write path: create-if-absent",
     ("_breaker.py", "open"): "/proc/sys/kernel/random/boot_id, the kernel's",
-    ("_command/doctor.py", ".stat"): "a report of the configured directories: decides nothing",
     ("_command/fingerprint.py", "open"): "a file the user named on the command line",
     ("integrations/torch.py", ".write_bytes"): "a private directory of tempfile's",
     ("testing/servers.py", "open"): "the test kit's own server logs, in its private temp dir",
