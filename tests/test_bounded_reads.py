@@ -394,3 +394,38 @@ def test_a_pull_over_a_stalling_registered_backend_ends_within_its_bound(
     assert pulled.reason == "timeout" and pulled.seconds < 10, pulled
     StallLayer.RELEASE.set()
     share.close()
+
+
+def test_model_info_and_boot_reports_end_within_their_bound_over_a_stalling_backend(
+    tmp_path: Path, stalling: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``PLANCACHE_COMPILE_TIMEOUT=1``: the model-info fetch and upload and the boot report's
+    upload were held by the stalled calls until those failed (10 s here, ``store-error``;
+    for ever where a call never returns). Each returns while the backend still stalls,
+    saying ``timeout``; the fetch left running installs nothing."""
+    env = {
+        "PLANCACHE_URL": f"stalltest://{uuid.uuid4().hex}/p",
+        "PLANCACHE_SIGNING_KEY": SIGNING,
+        "PLANCACHE_COMPILE_TIMEOUT": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path / "v"),
+    }
+    caplog.set_level(logging.WARNING, "plancache")
+    keys = Keyring(SIGNING)
+    info = modelinfo.made("0.33.0", "m", "C", {"hash": "ab" * 16, "modelinfo": {}}, keys)
+    with CacheShare.from_env(env) as share:
+        artifacts = share._artifacts
+        target = tmp_path / "modelinfos" / "m-C.json"
+        fetched = artifacts.fetch_model_info(info.name, info.module_hash, target)
+        assert fetched.reason == "timeout" and fetched.seconds < 10, fetched
+        assert StallLayer.ENTERED.is_set() and not StallLayer.RELEASE.is_set()
+        assert "store" not in artifacts.upload_model_info(info)  # the local tier still is
+        assert "store" not in artifacts.upload_report(_report(time.time(), keys))
+        assert not StallLayer.RELEASE.is_set()
+        StallLayer.RELEASE.set()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().endswith(": timeout")]
+    assert [m.split(" ")[1:3] for m in said] == [
+        ["model", "info"],
+        ["model", "info:"],
+        ["boot", "report:"],
+    ], said
+    assert not target.exists()
