@@ -2,7 +2,7 @@
 
 ``start(fn, name)`` hands ``fn`` to an idle thread of this process, or to a new one where
 none is idle, and returns a ``Job`` at once; ``Job.join`` and ``Job.wait`` wait for it,
-bounded by the caller.
+bounded by the caller; ``within(fn, timeout)`` is a call so bounded, told to stop past it.
 
 Guarantees: a job starts at once and never waits for another (a thread is handed work only
 while idle, so one held by a call that hangs delays nobody); every thread is a daemon, so no
@@ -110,6 +110,20 @@ def start(fn: Callable[[], T], name: str = "plancache-io") -> Job[T]:
     else:
         worker.hand(job)
     return job
+
+
+def within(fn: Callable[[threading.Event], T], timeout: float, name: str = "plancache-io") -> T:
+    """``fn(stop)`` on a daemon thread (``start``), waited for at most ``timeout`` seconds
+    however long the calls it makes stall (a registered third party's backend included):
+    its result, or what it raised; past the bound, ``stop`` is set (``fn`` does nothing
+    more once it is) and ``JobTimeout`` is raised."""
+    stop = threading.Event()
+    job = start(lambda: fn(stop), name)
+    try:
+        return job.wait(timeout)
+    except JobTimeout:
+        stop.set()
+        raise
 
 
 def _forget_parents_threads() -> None:

@@ -13,12 +13,14 @@ fsspec's own ``FSSPEC_<PROTOCOL>_<OPTION>`` variables are applied by fsspec itse
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from plancache._backends import LOCAL_SCHEME, check_url, open_layer, url_scheme
@@ -36,7 +38,7 @@ from plancache._defaults import (
     VERIFY_KEYS,
     default_dir,
 )
-from plancache._neighbours import foreign
+from plancache._neighbours import OddFileError, read_followed
 from plancache._objects import ObjectLayer
 from plancache._redaction import redact, without_userinfo
 from plancache._signing import NO_KEYS, Keyring, parse_keys
@@ -54,25 +56,25 @@ def read_key_file(path: str, source: str) -> str:
     a regular file (links are followed: Kubernetes mounts secrets through them) of at most
     ``MAX_KEY_FILE_BYTES``, opened without blocking, so that a FIFO or a device is refused at
     once, never waited on or read without end; owned by this user or root and writable by
-    no one else, judged on the file opened (``plancache._neighbours.foreign``: a key another
-    user could have written would sign or accept what they chose). A file that others may
+    no one else, judged on the file opened (``plancache._neighbours.read_followed``: the one
+    bounded read and the one rule, links followed; a key another user could have written
+    would sign or accept what they chose). A file that others may
     read is read, with a warning. Else ``ConfigError`` naming ``source`` and ``path``, never
     the content."""
     where = f"{source} {path!r}"
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with os.fdopen(os.open(os.path.expanduser(path), flags), "rb") as file:
-            st = os.fstat(file.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"cannot read {where}: not a regular file")
-            why = foreign(st, "it")
-            if why is not None:
-                raise ConfigError(f"{where} is not used: {why}; make it this user's, 0600")
-            data = file.read(MAX_KEY_FILE_BYTES + 1)
+        read = read_followed(Path(os.path.expanduser(path)), MAX_KEY_FILE_BYTES)
+    except OddFileError as exc:
+        if exc.errno == errno.EFBIG:
+            raise ConfigError(
+                f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file"
+            ) from None
+        raise ConfigError(f"cannot read {where}: not a regular file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise ConfigError(f"{where} is over {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    if read.foreign is not None:
+        raise ConfigError(f"{where} is not used: {read.foreign}; make it this user's, 0600")
+    data, st = read.data, read.st
     if st.st_mode & 0o044:
         log.warning(
             "plancache: %s can be read by users other than its owner (mode %04o); "

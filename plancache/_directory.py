@@ -198,8 +198,7 @@ class Directory:
                 return True
             return self.link(self, temp, name)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=self.fd)
+            self.discard(temp)
 
     def link(self, source: Directory, name: str, as_name: str) -> bool:
         """Hard-link ``source``'s entry ``name`` here as ``as_name``, create-if-absent (False:
@@ -229,6 +228,12 @@ class Directory:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=self.fd)
         return True
+
+    def discard(self, name: str) -> None:
+        """Remove this process's own temp file ``name`` here (made by ``temp``: no other
+        process picks its name), by descriptor; nothing where it is gone."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)
 
     def make_temp(self, prefix: str) -> tuple[str, Directory]:
         """A new private (0700) directory here under a fresh name starting with ``prefix``

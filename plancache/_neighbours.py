@@ -188,6 +188,25 @@ def read_file(anchor: Path, relative: str, limit: int) -> Read | None:
     return read_opened(open_file(anchor, relative), limit, anchor / relative)
 
 
+def read_followed(path: Path, limit: int, what: str = "it") -> Read:
+    """The file at ``path`` read as ``read_file`` reads, but following links, every one of
+    them (a secret Kubernetes mounts through links: a key file): opened without blocking,
+    a regular file only (else ``OddFileError``, never waited on), at most ``limit`` bytes
+    (more: ``OddFileError``, ``EFBIG``), judged on the ``fstat`` of the descriptor read by
+    the one rule (``Read.foreign``, naming the file ``what``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OddFileError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    read = read_opened((fd, st, foreign(st, what)), limit, path)
+    assert read is not None
+    return read
+
+
 def read_opened(
     opened: tuple[int, os.stat_result, Foreign | None] | None, limit: int, where: Path
 ) -> Read | None:

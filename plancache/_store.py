@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from plancache import _reader as reader
 from plancache._defaults import PUT_BUDGET_S
 from plancache._defaults import STALE_TEMP_SECONDS as STALE_TEMP_SECONDS
 from plancache._keys import OBJECT_PREFIX, fingerprint_of_name, plan_object_name, validate_key
@@ -197,8 +198,10 @@ class PlanStore:
 
     # -- the plans kind on the object layer: its records as objects --------------------
     def _read(self, fp: str) -> tuple[bytes, object] | None:
-        """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent."""
-        return self.layer.read_object(plan_object_name(fp), READ_LIMIT)
+        """At most ``READ_LIMIT`` bytes of the record and a version token; None if absent.
+        Through the one bounded reader (``plancache._reader.read``): a record the store does
+        not hand over is ``reader.Unreadable``, named once."""
+        return reader.read(self.layer, plan_object_name(fp), READ_LIMIT)
 
     def _create(self, fp: str, data: bytes) -> bool:
         """Write ``data`` only if no record exists; False if one does. Atomic."""

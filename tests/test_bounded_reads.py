@@ -1,5 +1,5 @@
 """Every object a kind reads from a store goes through one bounded reader
-(``plancache._artifacts.reader``, the kinds' decoders): one object never fails a command or
+(``plancache._reader``, the kinds' decoders): one object never fails a command or
 a pull, dates past the clock-skew bound take no one's place, an unsigned object is refused
 on its bytes before any structure is built where keys are required, every documented limit
 holds while parsing, per-kind caps hold, a pull ends within its bound over any backend, and
@@ -27,16 +27,18 @@ import boto3
 import orjson
 import pytest
 
-from plancache import register_backend
+from plancache import PlanCache, PlanStore, Reason, open_store, register_backend
 from plancache._artifacts import modelinfo, reports
 from plancache._artifacts.manifest import MANIFEST_NAME, Manifest
+from plancache._backends.local import LocalStore
+from plancache._backends.tiered import TieredStore
 from plancache._signing import Keyring
 from plancache.caches import CacheShare, directory_cache
-from plancache.errors import ArtifactError, InvalidPlanError
+from plancache.errors import ArtifactError, InvalidPlanError, PlanStorePermissionError
 from plancache.integrations import torch as mega
 from plancache.integrations import triton
 from plancache.integrations.vllm.compile_miss import name_miss
-from plancache.testing import child_env, plan_object_name
+from plancache.testing import GiB, child_env, make_plan, plan_object_name
 from plancache.testing.servers import MotoS3
 from tests.artifacts.helpers import KEY, RANK, artifact_store, make_tree
 from tests.cli.helpers import run
@@ -140,6 +142,32 @@ def test_a_glacier_report_or_artifact_fails_neither_stats_nor_ls_nor_cp(
     copied = run("cp", url, str(tmp_path / "copy"), *options)
     assert copied.returncode == 0, copied.stderr
     assert f"skipped compile artifact {artifact}: unreadable here" in copied.stdout
+
+
+def test_a_plan_the_store_does_not_hand_over_is_read_through_the_reader(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Plans are read through the one bounded reader (``plancache._reader.read``): a record
+    in the GLACIER class is named once per process however often it is looked up (escaped,
+    with the object's name), and a lookup of it, also through a local tier, misses with
+    ``store-error``. Before, the plans kind read past the reader: never named."""
+    plan = make_plan(factors={"model": "glacier", "n": uuid.uuid4().hex})
+    boto3.client("s3", endpoint_url=moto_s3.endpoint).put_object(
+        Bucket=s3_bucket,
+        Key=f"p/{plan_object_name(plan.fingerprint)}",
+        Body=plan.encode(),
+        StorageClass="GLACIER",
+    )
+    caplog.set_level(logging.WARNING, "plancache")
+    store = open_store(f"s3://{s3_bucket}/p", endpoint_url=moto_s3.endpoint)
+    tiered = TieredStore(store, local=PlanStore(LocalStore(tmp_path / "tier")))
+    with pytest.raises(PlanStorePermissionError):
+        store.get(plan.fingerprint)
+    for cache in (PlanCache(store, timeout=30), PlanCache(tiered, timeout=30)) * 2:
+        decision = cache.lookup(plan.factors, 100 * GiB)
+        assert decision.reason == Reason.STORE_ERROR and decision.kv_cache_memory_bytes is None
+    named = [r for r in caplog.records if "does not hand it over" in r.getMessage()]
+    assert len(named) == 1 and plan_object_name(plan.fingerprint) in named[0].getMessage()
 
 
 @pytest.mark.parametrize("entry", ["directory", "fifo", "link"])
@@ -366,3 +394,38 @@ def test_a_pull_over_a_stalling_registered_backend_ends_within_its_bound(
     assert pulled.reason == "timeout" and pulled.seconds < 10, pulled
     StallLayer.RELEASE.set()
     share.close()
+
+
+def test_model_info_and_boot_reports_end_within_their_bound_over_a_stalling_backend(
+    tmp_path: Path, stalling: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``PLANCACHE_COMPILE_TIMEOUT=1``: the model-info fetch and upload and the boot report's
+    upload were held by the stalled calls until those failed (10 s here, ``store-error``;
+    for ever where a call never returns). Each returns while the backend still stalls,
+    saying ``timeout``; the fetch left running installs nothing."""
+    env = {
+        "PLANCACHE_URL": f"stalltest://{uuid.uuid4().hex}/p",
+        "PLANCACHE_SIGNING_KEY": SIGNING,
+        "PLANCACHE_COMPILE_TIMEOUT": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path / "v"),
+    }
+    caplog.set_level(logging.WARNING, "plancache")
+    keys = Keyring(SIGNING)
+    info = modelinfo.made("0.33.0", "m", "C", {"hash": "ab" * 16, "modelinfo": {}}, keys)
+    with CacheShare.from_env(env) as share:
+        artifacts = share._artifacts
+        target = tmp_path / "modelinfos" / "m-C.json"
+        fetched = artifacts.fetch_model_info(info.name, info.module_hash, target)
+        assert fetched.reason == "timeout" and fetched.seconds < 10, fetched
+        assert StallLayer.ENTERED.is_set() and not StallLayer.RELEASE.is_set()
+        assert "store" not in artifacts.upload_model_info(info)  # the local tier still is
+        assert "store" not in artifacts.upload_report(_report(time.time(), keys))
+        assert not StallLayer.RELEASE.is_set()
+        StallLayer.RELEASE.set()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().endswith(": timeout")]
+    assert [m.split(" ")[1:3] for m in said] == [
+        ["model", "info"],
+        ["model", "info:"],
+        ["boot", "report:"],
+    ], said
+    assert not target.exists()

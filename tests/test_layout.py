@@ -238,14 +238,8 @@ GUARDED = {"_directory.py", "_neighbours.py"}
 and the only home of the foreign-writer rule."""
 FILE_CALLS = {"write_bytes", "write_text", "mkdir", "unlink", "stat"}
 NOT_SHARED = {
-    # (module, call): why it may: not on a directory another local user could write, or
-    # the local store's own atomic write path, kept as it was (issue 42) and judged by the rule
-    ("_backends/local.py", ".mkdir"): "the local store's own write path, kept (issue 42): root",
-    ("_backends/local.py", ".unlink"): "the local store's own write path: its own temp files",
-    ("_backends/local.py", "os.unlink"): "the local store's own write path: delete, clean-up",
-    ("_backends/local.py", "os.link"): "the local store's own write path: create-if-absent",
+    # (module, call): why it may: not on a directory another local user could write
     ("_breaker.py", "open"): "/proc/sys/kernel/random/boot_id, the kernel's",
-    ("_command/doctor.py", ".stat"): "a report of the configured directories: decides nothing",
     ("_command/fingerprint.py", "open"): "a file the user named on the command line",
     ("integrations/torch.py", ".write_bytes"): "a private directory of tempfile's",
     ("testing/servers.py", "open"): "the test kit's own server logs, in its private temp dir",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plancache import _metrics as metrics
-from plancache._artifacts import reader
+from plancache import _reader as reader
 from plancache._artifacts.archive import install, read_manifest, remove_partial_installs
 from plancache._artifacts.engine import Engine, Fetched, Source, count
 from plancache._artifacts.kind import (

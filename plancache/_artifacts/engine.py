@@ -67,7 +67,12 @@ from plancache._objects import ObjectLayer, Opened
 from plancache._reasons import INSTALLED, Reason
 from plancache._redaction import printable
 from plancache._store import PlanStore
-from plancache.errors import ArtifactError, PlanStoreError, PlanStoreReadOnlyError
+from plancache.errors import (
+    ArtifactError,
+    JobTimeout,
+    PlanStoreError,
+    PlanStoreReadOnlyError,
+)
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
@@ -370,12 +375,24 @@ class Engine(Trust):
 
     def write_small(self, kind: str, what: str, name: str, data: bytes) -> dict[str, bool]:
         """Write a small object (an envelope: no claim, no manifest) create-if-absent to
-        each destination, counted as a write of ``kind``; {destination: created}. Never
-        raises: what a destination refuses or fails is logged (``what`` names the kind)."""
+        each destination, counted as a write of ``kind``; {destination: created}. Each
+        destination's write returns within ``compile.fetch_timeout`` seconds over any
+        backend (past it: ``timeout``, logged, the destination left out; a stalled call
+        may still store the object later, whole or not at all). Never raises: what a
+        destination refuses or fails is logged (``what`` names the kind)."""
         out: dict[str, bool] = {}
+        bound = self.compile.fetch_timeout
         for label, layer in self.destinations():
+
+            def write(stop: threading.Event, layer: ObjectLayer = layer) -> bool:
+                return layer.write_object(name, [data])
+
             try:
-                out[label] = layer.write_object(name, [data])
+                out[label] = background.within(write, bound, f"plancache-{kind}-write")
+            except JobTimeout:
+                log.warning(
+                    "plancache: %s: not written to the %s within %g s: timeout", what, label, bound
+                )
             except Exception as exc:
                 log.warning("plancache: %s: not written to the %s: %s", what, label, exc)
         self.written(kind, out)

@@ -9,7 +9,7 @@ process cannot read), how ``ls``, ``ls --json`` and ``show`` show it (``table``,
 ``show``; a kind without a ``table`` is neither listed, shown nor removed by name), how
 ``verify``, ``cp`` and ``stats`` treat it (``verified``, ``copied``, ``stats``,
 ``stats_text``; ``stats`` reads through the ``Reader`` it is given, every object through
-the bounded reader, ``plancache._artifacts.reader``). Its fetch and upload on the
+the bounded reader, ``plancache._reader``). Its fetch and upload on the
 configured stores are an operations class of its own module, built on the engine by
 composition (``Engine`` is passed in, never inherited). Adding a kind: docs/layout.md,
 "Adding a kind".
@@ -40,7 +40,7 @@ Decode = Callable[[Readable, int], Any]
 
 class Reader(Protocol):
     """How a kind's ``stats`` reads its objects in one store (``_inventory.artifacts.Heads``):
-    each through the bounded reader (``plancache._artifacts.reader.opened``), so one the
+    each through the bounded reader (``plancache._reader.opened``), so one the
     store does not hand over, or this process cannot read, is skipped and named in
     ``unreadable``, never an error."""
 

@@ -22,9 +22,11 @@ A kind on the object layer, like compile artifacts (and with their stores and tr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from plancache import _background as background
 from plancache._artifacts.engine import Engine, Fetched, Source, count
 from plancache._artifacts.kind import Reader, Table, envelope_kind, signed_text
 from plancache._artifacts.manifest import (
@@ -42,6 +45,7 @@ from plancache._artifacts.manifest import (
     parse_signature,
     read_bounded,
 )
+from plancache._artifacts.pacing import TimedOut
 from plancache._artifacts.trust import Refused
 from plancache._command.display import age, when
 from plancache._directory import Directory
@@ -49,8 +53,9 @@ from plancache._neighbours import read_file as read_neighbour
 from plancache._neighbours import uploadable
 from plancache._objects import Opened
 from plancache._plan import Signature
+from plancache._reasons import Reason
 from plancache._signing import NO_KEYS, Keyring
-from plancache.errors import ArtifactError
+from plancache.errors import ArtifactError, JobTimeout
 
 log = logging.getLogger("plancache")
 
@@ -176,23 +181,44 @@ class ModelInfoKind:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def fetch_model_info(self, name: str, module_hash: str, path: Path) -> Fetched:
+    def fetch_model_info(
+        self, name: str, module_hash: str, path: Path, *, timeout: float | None = None
+    ) -> Fetched:
         """Install the model-info file ``name`` (of a module whose source has
         ``module_hash``) at ``path`` from the first source that holds a trusted, valid one,
-        never over a file there. Never raises."""
+        never over a file there. Returns within ``timeout`` seconds (default
+        ``compile.fetch_timeout``) over any backend: past it, ``timeout``, and the fetch
+        left running installs nothing. Never raises."""
         start = time.monotonic()
+        bound = self.engine.compile.fetch_timeout if timeout is None else timeout
 
-        def install_from(source: Source, name: str, opened: Opened) -> ModelInfo | None:
-            info = read(opened, self.engine.keyring)
-            if info.name != name or info.module_hash != module_hash:
-                raise ArtifactError("model info of another module, class or source")
-            why = self.engine.refusal(info.verdict, source.local, opened.foreign)
-            if why is not None:
-                raise Refused(why.refusal, why.detail, "model info")
-            return info if install(info, path) else None
+        def fetch(stop: threading.Event) -> Fetched:
+            def install_from(source: Source, name: str, opened: Opened) -> ModelInfo | None:
+                info = read(opened, self.engine.keyring)
+                if info.name != name or info.module_hash != module_hash:
+                    raise ArtifactError("model info of another module, class or source")
+                why = self.engine.refusal(info.verdict, source.local, opened.foreign)
+                if why is not None:
+                    raise Refused(why.refusal, why.detail, "model info")
+                if stop.is_set():
+                    raise TimedOut("model info: its caller stopped waiting")
+                return info if install(info, path) else None
 
-        got = self.engine.read("model info", lambda layer: [name], install_from)
-        result = Fetched(got.reason, source=got.source, seconds=time.monotonic() - start)
+            got = self.engine.read(
+                "model info",
+                lambda layer: [name],
+                install_from,
+                deadline=start + bound,
+                cancelled=stop.is_set,
+            )
+            return Fetched(got.reason, source=got.source)
+
+        try:
+            result = background.within(fetch, bound, "plancache-modelinfo")
+        except JobTimeout:
+            log.warning("plancache: model info %s: not fetched within %g s: timeout", name, bound)
+            result = Fetched(Reason.TIMEOUT)
+        result = dataclasses.replace(result, seconds=time.monotonic() - start)
         count("model_info", result.reason, result.seconds)
         return result
 

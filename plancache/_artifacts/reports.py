@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from plancache._artifacts import reader
+from plancache import _reader as reader
 from plancache._artifacts.engine import Engine
 from plancache._artifacts.kind import Reader, envelope_kind
 from plancache._artifacts.manifest import (

@@ -1,9 +1,12 @@
 """A local (or shared) directory as an object layer, atomic.
 
-Create: write a uniquely named temp file in the same directory, fsync it, ``os.link`` it to
-the final name (atomic; fails if the name exists), fsync the directory. Replace: under an
-``flock`` on a sidecar lock file, check that the object is still the version read, then
-``os.replace``; a conditional delete checks it under the same lock, then unlinks. The version
+Every write goes through the directory's guarded handle (``plancache._directory.Directory``:
+the directory opened once, each step by its descriptor). Create: write a temp file
+``O_EXCL`` under a fresh name in the same directory, fsync it, link it to the final name
+(atomic; fails if the name exists), fsync the directory. Replace: under an ``flock`` on a
+sidecar lock file, check that the object is still the version read, then rename it over the
+object; a conditional delete checks it under the same lock, then unlinks the entry judged.
+The version
 token of a read is the bytes read; that of a stream (``open_object``) is the file's identity
 (device, inode, size, times), since a replace renames a new file into place.
 Temp files are removed on every path; ones left by killed writers are removed by
@@ -29,10 +32,7 @@ import fcntl
 import functools
 import logging
 import os
-import secrets
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -59,6 +59,7 @@ from plancache.errors import (
 )
 
 TEMP_SUFFIX = ".tmp"
+TEMP_MODE = 0o644
 LOCK_NAME = ".startup_plan.lock"
 LOCK_MODE = 0o664
 log = logging.getLogger("plancache")
@@ -82,13 +83,16 @@ def _is_at(path: str, held: os.stat_result) -> bool:
     return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _remove(path: str) -> None:
-    """Remove the entry at ``path`` whatever it is (a directory with what it holds; links
-    are removed, never followed)."""
-    if stat.S_ISDIR(os.lstat(path).st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+def _remove(root: Directory, name: str) -> bool:
+    """Remove the entry ``name`` of ``root`` whatever it is, as judged now (a directory with
+    what it holds; links are removed, never followed), by descriptor; False if absent."""
+    st = root.lstat(name)
+    if st is None:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        root.remove_tree(name)
+        return True
+    return root.remove(name, st)
 
 
 def _read_at_most(fd: int, size: int, limit: int = READ_LIMIT) -> bytes:
@@ -135,14 +139,6 @@ def _store_error(path: Path, action: str, exc: OSError) -> PlanStoreError:
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return PlanStoreNotFoundError(message, cause=exc)
     return PlanStoreError(message, cause=exc)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LocalStore(ObjectLayer):
@@ -250,48 +246,47 @@ class LocalStore(ObjectLayer):
 
     def write_object(self, name: str, chunks: Iterable[bytes], mode: WriteMode = CREATE) -> bool:
         """Create: a temp file then ``link`` (an entry that is not a regular file, e.g. a
-        dangling link or a FIFO, is replaced). Update: under the lock, ``os.replace``."""
-        path = str(self.root / check_name(name))
-        tmp = self._write_temp(name, chunks)
-        try:
-            if isinstance(mode, Update):
-                with self._locked() as still_locked:
-                    if not self._is_version(name, mode.version) or not still_locked():
-                        return False
-                    os.replace(tmp, path)
-            else:
-                for _ in range(2):
-                    try:
-                        os.link(tmp, path)
-                        break
-                    except FileExistsError:
-                        if not self._remove_odd(path):
+        dangling link or a FIFO, is replaced). Update: under the lock, renamed over the
+        object. Every step by the directory's descriptor (``Directory``)."""
+        path = self.root / check_name(name)
+        with self._directory(create=True) as root:
+            tmp = self._write_temp(root, name, chunks)
+            try:
+                if isinstance(mode, Update):
+                    with self._locked() as still_locked:
+                        if not self._is_version(name, mode.version) or not still_locked():
                             return False
+                        root.rename(tmp, root, name)
                 else:
-                    return False
-        except OSError as exc:
-            raise _store_error(Path(path), "write", exc) from exc
-        finally:
-            tmp.unlink(missing_ok=True)
-        self._sync_dir()
+                    for _ in range(2):
+                        if root.link(root, tmp, name):
+                            break
+                        if not self._remove_odd(root, name):
+                            return False
+                    else:
+                        return False
+            except OSError as exc:
+                raise _store_error(path, "write", exc) from exc
+            finally:
+                root.discard(tmp)
+            self._sync(root)
         return True
 
     def delete_object(self, name: str, version: object | None = None) -> bool:
         """Without ``version``, removes whatever entry has the name (links are not
         followed)."""
-        path = str(self.root / check_name(name))
+        path = self.root / check_name(name)
         if not os.path.lexists(path):
             return False
-        with self._locked() as still_locked:
+        with self._directory() as root, self._locked() as still_locked:
             if version is not None and (not self._is_version(name, version) or not still_locked()):
                 return False
             try:
-                _remove(path) if version is None else os.unlink(path)
-            except FileNotFoundError:
-                return False
+                if not _remove(root, name):
+                    return False
             except OSError as exc:
-                raise _store_error(Path(path), "delete", exc) from exc
-        self._sync_dir()
+                raise _store_error(path, "delete", exc) from exc
+            self._sync(root)
         return True
 
     def list_objects(self, prefix: str) -> Iterator[str]:
@@ -316,51 +311,59 @@ class LocalStore(ObjectLayer):
         except FileNotFoundError:
             return False
 
-    def _write_temp(self, name: str, chunks: Iterable[bytes]) -> Path:
-        """A fsynced temp file in the store directory holding ``chunks``; caller removes it."""
+    def _write_temp(self, root: Directory, name: str, chunks: Iterable[bytes]) -> str:
+        """A fsynced temp file in the store directory holding ``chunks`` (``O_EXCL`` under
+        a fresh name, by the directory's descriptor), mode 0644; its name. The caller
+        removes it (``Directory.discard``)."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _store_error(self.root, "create directory", exc) from exc
-        prefix = f".{name}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(4)}."
-        try:
-            fd, temp = tempfile.mkstemp(dir=self.root, prefix=prefix, suffix=TEMP_SUFFIX)
+            tmp, fd = root.temp(f".{name}.", TEMP_MODE)
         except OSError as exc:
             raise _store_error(self.root, "create a temp file", exc) from exc
-        tmp = Path(temp)
         try:
             with os.fdopen(fd, "wb") as f:
                 for chunk in chunks:
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+                os.fchmod(f.fileno(), TEMP_MODE)  # whatever the umask, as before
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise _store_error(tmp, "write", exc) from exc
+            root.discard(tmp)
+            raise _store_error(self.root / tmp, "write", exc) from exc
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            root.discard(tmp)
             raise
         return tmp
 
-    def _remove_odd(self, path: str) -> bool:
-        """Remove the entry at ``path`` if it is not a regular file; True if one was removed."""
-        before = _odd(path)
-        if before is None:
+    def _remove_odd(self, root: Directory, name: str) -> bool:
+        """Remove the entry ``name`` if it is not a regular file; True if one was removed."""
+        before = root.lstat(name)
+        if before is None or stat.S_ISREG(before.st_mode):
             return False
         with self._locked():
-            now = _odd(path)
+            now = root.lstat(name)
             if now is None or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
                 return False
-            log.warning("plancache: replacing %s, which is %s", path, kind(now.st_mode))
-            with contextlib.suppress(FileNotFoundError):
-                _remove(path)
+            log.warning("plancache: replacing %s, which is %s", root.path / name, kind(now.st_mode))
+            _remove(root, name)
         return True
 
     # -- helpers ---------------------------------------------------------------------------
-    def _sync_dir(self) -> None:
+    @contextlib.contextmanager
+    def _directory(self, *, create: bool = False) -> Iterator[Directory]:
+        """The store directory's guarded handle (made, with its parents, where absent and
+        ``create``), closed after; its failures as the store's errors."""
         try:
-            _fsync_dir(self.root)
+            root = Directory.make(self.root) if create else Directory.open(self.root)
+        except OSError as exc:
+            raise _store_error(self.root, "open the directory", exc) from exc
+        if root is None:
+            raise PlanStoreNotFoundError(f"{self.root}: directory does not exist")
+        with root:
+            yield root
+
+    def _sync(self, root: Directory) -> None:
+        try:
+            os.fsync(root.fd)
         except OSError as exc:
             raise _store_error(self.root, "sync directory", exc) from exc
 
@@ -441,14 +444,17 @@ class LocalStore(ObjectLayer):
         be) removed. Younger ones may belong to a live writer."""
         cutoff = time.time() - older_than
         removed = 0
-        for path in self.temp_files(name):
-            try:
-                if path.lstat().st_mtime <= cutoff:
-                    if not dry_run:
-                        path.unlink()
-                    removed += 1
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise _store_error(path, "remove", exc) from exc
+        paths = self.temp_files(name)
+        if not paths:
+            return 0
+        with self._directory() as root:
+            for path in paths:
+                try:
+                    st = root.lstat(path.name)
+                    if st is not None and st.st_mtime <= cutoff:
+                        if not dry_run:
+                            root.remove(path.name, st)
+                        removed += 1
+                except OSError as exc:
+                    raise _store_error(path, "remove", exc) from exc
         return removed

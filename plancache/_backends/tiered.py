@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn, TypeVar
 
 from plancache import _background as background
+from plancache import _reader as reader
 from plancache._forwarding import ForwardingLayer
 from plancache._keys import is_key_prefix, validate_key
 from plancache._objects import CREATE, ObjectLayer, WriteMode
@@ -197,7 +198,7 @@ class TieredStore(PlanStore):
                 break
             fp = name[len(UNSHARED_PREFIX) :]
             try:
-                own.layer.read_object(name, 1)  # the mark: this user's, or InvalidPlanError
+                reader.read(own.layer, name, 1)  # the mark: this user's, or InvalidPlanError
                 plan = own.get(validate_key(fp)) if _is_key(fp) else None
                 if plan is not None:
                     self.remote.put_merged(plan)

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from plancache._defaults import CLOCK_SKEW_S as CLOCK_SKEW_S
 from plancache._defaults import VERDICT_TTL_S
 from plancache._directory import Directory
 from plancache._neighbours import OddFileError, read_file

@@ -25,7 +25,6 @@ import importlib.metadata
 import os
 import pwd
 import secrets
-import shutil
 import stat
 import statistics
 import time
@@ -43,6 +42,7 @@ from plancache._breaker import MARKS_DIR
 from plancache._command.display import echo, plural, print_json, print_table, size
 from plancache._config import Settings, keyring_from_env
 from plancache._defaults import CLOCK_WAIT_S, DOCTOR_SKEW_S, EXPLAIN_DIR, parse_storage_options
+from plancache._directory import Directory
 from plancache._forwarding import ForwardingLayer, beneath
 from plancache._inventory.artifacts import names
 from plancache._keys import plan_object_name
@@ -224,24 +224,34 @@ class _Doctor:
     def directories(self) -> None:
         root = Path(self.settings.local_dir)
         for name, path in (
-            ("local dir", root),
-            ("marks dir", root / MARKS_DIR),
-            ("verdicts dir", root / VERDICTS_DIR),
+            ("local dir", ""),
+            ("marks dir", MARKS_DIR),
+            ("verdicts dir", VERDICTS_DIR),
         ):
-            self.add("node", name, *directory(path))
-        self.misses(root / EXPLAIN_DIR)
+            self.add("node", name, *directory(root, path))
+        self.misses(root)
 
-    def misses(self, where: Path) -> None:
+    def misses(self, root: Path) -> None:
         """The plan lookups of this node that missed (the factors the vLLM plugin kept) and
-        the command that names, for the newest, the factors that differ from stored plans."""
+        the command that names, for the newest, the factors that differ from stored plans.
+        The directory is read through the guarded handle: a link planted as ``explain`` is
+        not followed, and only its regular files are counted."""
+        where = root / EXPLAIN_DIR
+        kept: list[tuple[float, str]] = []
         try:
-            kept = [(p.stat().st_mtime, p) for p in where.glob("*.json") if p.is_file()]
+            explain = Directory.open(root, EXPLAIN_DIR)
+            if explain is not None:
+                with explain:
+                    for name in explain.names():
+                        st = explain.lstat(name) if name.endswith(".json") else None
+                        if st is not None and stat.S_ISREG(st.st_mode):
+                            kept.append((st.st_mtime, name))
         except OSError:
             kept = []
         if not kept:
             self.add("node", "misses", "info", "none kept (the plugin keeps a miss's factors)")
             return
-        newest = max(kept)[1]
+        newest = where / max(kept)[1]
         store = without_userinfo(self.settings.url)
         self.add(
             "node",
@@ -295,24 +305,29 @@ def credential_source(store: ObjectLayer, secrets_: list[str]) -> str:
         return scrub(f"not resolved: {exc}", secrets_)
 
 
-def directory(path: Path) -> tuple[Status, str]:
-    """(status, detail) of a directory plancache writes: owner, mode, free space."""
+def directory(root: Path, relative: str = "") -> tuple[Status, str]:
+    """(status, detail) of a directory plancache writes (``relative`` below the local
+    directory ``root``, opened through the guarded handle: a link there is a finding, never
+    followed): owner, mode, free space."""
+    path = root / relative if relative else root
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return "info", f"{path}: not created yet"
+        handle = Directory.open(root, relative)
+        if handle is None and os.path.lexists(path):
+            return "finding", f"{path}: not a directory"
+        if handle is None:
+            return "info", f"{path}: not created yet"
+        with handle:
+            st, fs = os.fstat(handle.fd), os.fstatvfs(handle.fd)
     except OSError as exc:
         return "finding", f"{path}: {exc.strerror}"
     try:
         owner = pwd.getpwuid(st.st_uid).pw_name
     except KeyError:
         owner = str(st.st_uid)
-    free = shutil.disk_usage(path).free
+    free = fs.f_bavail * fs.f_frsize
     detail = f"{path}: owner {owner}, mode {stat.filemode(st.st_mode)}, {size(free)} free"
     problems = []
-    if not stat.S_ISDIR(st.st_mode):
-        problems.append("not a directory")
-    elif not os.access(path, os.W_OK | os.X_OK):
+    if not os.access(path, os.W_OK | os.X_OK):
         problems.append("not writable by this user")
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         problems.append("writable by everyone")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from plancache._artifacts import reader
+from plancache import _reader as reader
 from plancache._artifacts.bundles import CACHE_BUNDLES
 from plancache._artifacts.compiled import COMPILE_ARTIFACTS
 from plancache._artifacts.kind import Decode, Kind

@@ -91,7 +91,7 @@ def read_entry(store: PlanStore, fp: str) -> PlanRecord | None:
     store's keys; None if absent. An entry that is no record at all (a local FIFO, directory
     or symbolic link named like a plan, never opened) is an invalid entry without bytes; one
     the store does not hand over (a GLACIER object's 403) is unreadable here, kept (the rule
-    of ``plancache._artifacts.reader``)."""
+    of ``plancache._reader``)."""
     try:
         raw = store.read_raw(fp)
     except InvalidPlanError as exc:

@@ -13,6 +13,7 @@ import pytest
 from plancache._backends import open_layer
 from plancache._backends._remote import RemoteStore
 from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR
+from plancache._breaker import MARKS_DIR
 from plancache._defaults import EXPLAIN_DIR
 from plancache.integrations.vllm.factors import keep_for_explain
 from plancache.testing import child_env
@@ -126,6 +127,27 @@ def test_doctor_points_to_explain_for_the_newest_miss(tmp_path: Path) -> None:
         "info",
         f"2 missed lookups kept in {local / EXPLAIN_DIR}; why the newest missed: "
         f"plancache explain {tmp_path / 'plans'} --factors {newest}",
+    )
+
+
+def test_doctor_follows_no_link_planted_in_the_local_directory(tmp_path: Path) -> None:
+    """A neighbour who may write the local directory links ``explain`` to a directory of
+    JSON files and ``marks`` elsewhere: doctor read both through the links (it named a file
+    of theirs as the newest miss to pass to ``plancache explain``, and reported the other
+    directory's owner and mode as the marks directory's). Now the explain listing goes
+    through the guarded handle (no miss kept) and the link is a finding."""
+    local, elsewhere = tmp_path / "plans", tmp_path / "elsewhere"
+    local.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "theirs.json").write_text("{}")
+    (local / EXPLAIN_DIR).symlink_to(elsewhere)
+    (local / MARKS_DIR).symlink_to(elsewhere)
+    env = child_env(VLLM_CACHE_ROOT=str(tmp_path), PLANCACHE_URL=str(local))
+    report = json.loads(run("doctor", "--json", env=env).stdout)
+    assert status(report, "misses")[1].startswith("none kept"), status(report, "misses")
+    assert status(report, "marks dir") == (
+        "finding",
+        f"{local / MARKS_DIR}: a symbolic link, not opened",
     )
 
 

@@ -9,7 +9,8 @@ imported:
   file of (vLLM's version, module, class, ``module_hash``) is fetched, verified, trusted as
   compile artifacts are, and installed atomically, never over a file the node has; then
   vLLM reads it as its own. The store's opening and the fetch together wait at most
-  ``PLANCACHE_TIMEOUT`` (the plans' budget), then vLLM inspects as usual;
+  ``PLANCACHE_TIMEOUT`` (the plans' budget), over any backend, then vLLM inspects as usual
+  (``timeout``; the fetch left running installs nothing);
 - built anyway: where vLLM still reads no file after one was installed (it inspects the
   class), one WARNING says so and ``plancache_rebuilt_total{kind="model_info"}`` counts it;
 - ``_save_modelinfo_to_cache(mi, module_hash)``: once vLLM wrote a file, it is uploaded in
@@ -24,6 +25,7 @@ plancache. Nothing here raises into vLLM.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -113,13 +115,16 @@ def _fetch(model: Any, module_hash: str) -> bool:
         path, version, module, cls = _where(model)
         name = modelinfo.model_info_object_name(version, module, cls, module_hash)
 
+        budget = TIMEOUT.read()
+        ends = time.monotonic() + budget
+
         def fetch() -> Fetched | None:  # the store's opening counts to the budget too
             artifacts = compile.opened()
-            return (
-                None if artifacts is None else artifacts.fetch_model_info(name, module_hash, path)
-            )
+            if artifacts is None:
+                return None
+            left = max(0.0, ends - time.monotonic())  # past it, it installs nothing
+            return artifacts.fetch_model_info(name, module_hash, path, timeout=left)
 
-        budget = TIMEOUT.read()
         job = background.start(fetch, "plancache-modelinfo")
         if not job.join(budget):
             log.info("plancache: model info %s.%s: timeout (%.1f s)", module, cls, budget)

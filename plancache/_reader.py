@@ -1,7 +1,8 @@
-"""The one bounded reader of the objects a kind reads from a store: opening one, choosing
-"the newest N", and reading until N were accepted. Parsing is each kind's decoder, bounded
-in its turn (``manifest.decode_versioned``: the signature on the bytes before any
-structure; ``Manifest.decode``: every limit while parsing).
+"""The one bounded reader of the objects every kind reads from a store, plans included:
+reading one whole (``read``: a plan record) or as a stream (``opened``), choosing "the newest
+N", and reading until N were accepted. Parsing is each kind's decoder, bounded in its turn
+(``Plan.decode`` on at most ``READ_LIMIT`` bytes; ``manifest.decode_versioned``: the
+signature on the bytes before any structure; ``Manifest.decode``: every limit while parsing).
 
 Guarantees:
 
@@ -9,7 +10,13 @@ Guarantees:
   403, such as a GLACIER object's; a race with a delete; a directory, FIFO or link under
   its name in a local store; a read that fails midway) is ``Unreadable``: skipped and
   counted by the caller, named once per process in a WARNING, escaped
-  (``_redaction.printable``), never judged corrupt (an ``UnreadableHereError``: kept);
+  (``_redaction.printable``), never judged corrupt (an ``UnreadableHereError``: kept). A
+  plan record read whole (``read``) is named once the same way and raises what the store
+  raised (a ``PlanStoreError``, which every reader of plans already skips: a lookup misses
+  with ``store-error``, the local tier's is passed over for the remote, the inventory keeps
+  it as unreadable here); what a store of plans holds under a plan's name that is no object
+  (a local FIFO, directory or link) stays an invalid record (``InvalidPlanError``: replaced
+  by the next write, deleted by ``verify --fix``), as it always was for plans;
 - dates: an object dated more than ``CLOCK_SKEW_S`` after this node's clock takes no one's
   place among the newest (``newest``): a planted year-2286 name hides nothing;
 - where the keys require signatures, an object counts toward "the newest N" only once its
@@ -29,7 +36,12 @@ from typing import TypeVar
 from plancache._defaults import CLOCK_SKEW_S
 from plancache._objects import ObjectLayer, Opened
 from plancache._redaction import printable
-from plancache.errors import InvalidPlanError, PlanStoreError, UnreadableHereError
+from plancache.errors import (
+    InvalidPlanError,
+    PlanStoreError,
+    PlanStorePermissionError,
+    UnreadableHereError,
+)
 
 log = logging.getLogger("plancache")
 T = TypeVar("T")
@@ -75,6 +87,21 @@ def opened(layer: ObjectLayer, name: str) -> Iterator[Opened | None]:
         raise _skip(layer, name, exc) from None
     finally:
         found.close()
+
+
+def read(layer: ObjectLayer, name: str, limit: int) -> tuple[bytes, object] | None:
+    """At most ``limit`` bytes of ``name`` and its version token (``layer.read_object``;
+    None: absent), for an object read whole (a plan record). The store's refusal to hand it
+    over (``PlanStorePermissionError``: a 403, a GLACIER object's) is named once, as
+    ``opened`` names it, and raised as the store raised it (the plans' callers skip a
+    ``PlanStoreError``, and a directory this user may not read is the whole store's
+    failure, not one object's); an entry that is no object raises ``InvalidPlanError``
+    (the plans' rule, above)."""
+    try:
+        return layer.read_object(name, limit)
+    except PlanStorePermissionError as exc:
+        _skip(layer, name, exc)
+        raise
 
 
 def newest(
