@@ -56,6 +56,8 @@ RACERS = 8
 CHECK_REQUESTS = 9 + RACERS
 """Primitive calls of steps 1-5 and ``stream-create-existing`` when every one passes (cleanup
 adds one delete per key)."""
+PROBE_CALLS = CHECK_REQUESTS + 3
+"""Most primitive calls of a probe: the checks and one delete per key."""
 PROBE_TIMEOUT_S = 10.0
 """Seconds a probe may take in all; past it, no verdict."""
 STREAM_MIN_S = 5.0
