@@ -1,5 +1,5 @@
-"""A rollout's herd on a store that stalls early (moto behind ``S3UnderLoad``, every request
-counted per node at the proxy): each node's requests stay within the bound that
+"""A rollout's herd on a store that stalls early (moto behind ``benchmarks.herd.NodeCounts``, each
+request counted per node at the proxy): each node's requests stay within the bound that
 docs/reliability.md states, the fleet probes the store once, not once per node, and once
 the store answers again the fleet shares (the plan uploaded, later nodes hit).
 
@@ -10,27 +10,23 @@ the quiet it needed to recover (issue 44)."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from plancache import PlanCache, open_store
+from benchmarks import herd
+from plancache import open_store
 from plancache._backends import guarded
-from plancache._backends._remote import PROBE_PREFIX
 from plancache._backends.tiered import TieredStore
 from plancache._backends.verdicts import SHARED_VERDICT
 from plancache._config import Settings
 from plancache._keys import fingerprint
-from plancache.errors import PlanStoreError, PlanStoreUnavailableError
-from plancache.testing import FACTORS, GiB
+from plancache.errors import PlanStoreUnavailableError
+from plancache.testing import FACTORS
 from plancache.testing.hostile import FaultyProxy
-from plancache.testing.servers import MotoS3, S3UnderLoad
+from plancache.testing.servers import MotoS3
 
 NODES = 16
 """Nodes of the first wave, arriving ``SPACING_S`` apart (threads, each its own directory)."""
@@ -45,58 +41,19 @@ RETRIES = 1
 BOOT_CALLS = 1 + 1 + 2 * 16 + 1
 """A boot's other calls: its lookup, its record's create-if-absent or 16 rounds of read and
 compare-and-swap, its report."""
-AGENT = re.compile(r"herd-node/(\d+)")
 
 
-class PerNode(S3UnderLoad):
-    """``S3UnderLoad`` that also counts each node's requests (from its user agent) and which
-    nodes wrote probe keys (probed)."""
-
-    def __init__(self, upstream: str) -> None:
-        super().__init__(upstream, reads_per_s=10_000, writes_per_s=10_000)
-        self.by_node: collections.Counter[int] = collections.Counter()
-        self.probe_keys: set[str] = set()
-
-    def answer(self, h: Any) -> None:
-        found = AGENT.search(h.headers.get("User-Agent", ""))
-        path = h.path.split("?")[0]
-        with self._lock:
-            self.by_node[int(found.group(1)) if found else -1] += 1
-            if h.command == "PUT" and f"{PROBE_PREFIX}/startup_plan_" in path:
-                self.probe_keys.add(path)
-        super().answer(h)
-
-
-def _boot(url: str, options: dict[str, Any], root: Path, node: int, out: dict[int, str]) -> None:
-    """One node's boot: open the store (warming it: the round starts), look the plan up
-    while the weights load, on a miss record what it profiled, and write a report of its
-    boot (each write waiting for the verdict, within the write patience)."""
-    settings = Settings(
-        url,
-        timeout=60.0,
-        local_tier=str(root / f"n{node}"),
-        storage_options={**options, "config_kwargs": {"user_agent_extra": f"herd-node/{node}"}},
-        write_patience=20.0,
-    )
-    cache = PlanCache.from_settings(settings)
-    cache.warm()
-    pending = cache.start_lookup(FACTORS, 50 * GiB)
-    time.sleep(0.5)  # the weights load
-    decision = pending.result(cache.timeout)
-    out[node] = decision.reason.value
-    if not decision.hit:
-        cache.record(FACTORS, kv_cache_memory_bytes=4 * GiB, free_memory_baseline=40 * GiB)
-    store = cache.store
-    assert isinstance(store, TieredStore)
-    with contextlib.suppress(PlanStoreError):  # its boot report, as every boot writes one
-        store.remote.layer.write_object(f"boot-{node}.json", [b"{}"])
-
-
-def _wave(url: str, options: dict[str, Any], root: Path, nodes: range) -> dict[int, str]:
+def _wave(url: str, endpoint: str, root: Path, nodes: range) -> dict[int, str]:
+    """``nodes`` booting ``SPACING_S`` apart (``herd.boot``): the reason of each lookup."""
     out: dict[int, str] = {}
+
+    def one(n: int) -> None:
+        options = herd.node_options(endpoint, n)
+        out[n] = herd.boot(url, options, root, n, weights_s=0.5, write_patience=20.0)
+
     threads = []
     for n in nodes:
-        th = threading.Thread(target=_boot, args=(url, options, root, n, out), daemon=True)
+        th = threading.Thread(target=one, args=(n,), daemon=True)
         th.start()
         threads.append(th)
         time.sleep(SPACING_S)
@@ -119,11 +76,10 @@ def test_a_herd_on_a_stalled_store_stays_bounded_and_shares_once_it_answers(
     moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, quick: None
 ) -> None:
     url = f"s3://{s3_bucket}/plans"
-    with PerNode(moto_s3.endpoint) as proxy:
+    with herd.NodeCounts(moto_s3.endpoint) as proxy:
         proxy.overload(time.monotonic() + STALL_S, 5.0)
-        options = {"endpoint_url": proxy.endpoint}
-        first = _wave(url, options, tmp_path, range(NODES))
-        later = _wave(url, options, tmp_path, range(NODES, NODES + LATER))
+        first = _wave(url, proxy.endpoint, tmp_path, range(NODES))
+        later = _wave(url, proxy.endpoint, tmp_path, range(NODES, NODES + LATER))
         counts = dict(proxy.by_node)
         probes = len(proxy.probe_keys)
     stored = open_store(url, endpoint_url=moto_s3.endpoint).get(fingerprint(FACTORS))
