@@ -25,7 +25,8 @@ waits for the round. Then, per verdict:
 disk, else one read of the verdict another node shared (``SHARED_VERDICT`` under the probe
 prefix); where there is none, the *probe claim* (``plancache._claims``, the upload claims'
 mechanism, on the shared verdict's name, lasting ``PROBE_CLAIM_S``): the one node holding it
-probes (``plancache._probe``), shares the verdict it found and releases the claim; every
+reads the shared verdict again (the last holder may just have shared it), else probes
+(``plancache._probe``), shares the verdict it found and releases the claim; every
 other node re-reads the shared verdict, at most ``REREADS`` times ``REREAD_S`` seconds
 apart (doubling), within the probe's bound, and probes nothing. A round that cannot read
 the shared verdict or claim (the store does not answer) sends nothing more. So the fleet
@@ -117,8 +118,9 @@ MAX_ROUNDS = 6
 """Most rounds a process runs on one store without finding ``honest`` or ``lies``."""
 ROUND_CALLS = 1 + CLAIM_CALLS + REREADS
 """Most store calls of a round without the probe claim (read, claim, re-reads)."""
-HOLDER_CALLS = 1 + CLAIM_CALLS + PROBE_CALLS + 2
-"""Most store calls of the probe claim's holder's round (read, claim, probe, share, release)."""
+HOLDER_CALLS = 1 + CLAIM_CALLS + 1 + PROBE_CALLS + 2
+"""Most store calls of the probe claim's holder's round (read, claim, read again, probe,
+share, release)."""
 TRUST_VARIABLE = "PLANCACHE_TRUST_PRECONDITIONS"
 """The setting that writes without (or despite) the probe."""
 
@@ -194,7 +196,7 @@ class GuardedStore(ForwardingLayer):
         *,
         trust: bool = False,
         probe_timeout: float = PROBE_TIMEOUT_S,
-        retry_s: float = RETRY_S,
+        retry_s: float | None = None,
         probe_on_warm: bool = True,
         patience: float = 0.0,
         keyring: Keyring = NO_KEYS,
@@ -205,7 +207,7 @@ class GuardedStore(ForwardingLayer):
         self.trust = trust
         self.probe_on_warm = probe_on_warm
         self.probe_timeout = probe_timeout
-        self.retry_s = retry_s
+        self.retry_s = RETRY_S if retry_s is None else retry_s
         self.patience = patience
         self.ident = identity(store)
         self.state = conformance(self.ident, verdicts)
@@ -369,20 +371,9 @@ class Round:
         cached = g.verdicts.load(g.ident) if g.verdicts is not None else None
         if cached is not None:
             return cached[0], VERDICT_TTL_S - cached[1]
-        try:
-            shared = self.shared()
-        except PlanStoreUnavailableError as exc:  # a probe now would fail too, and load it
-            return self.unknown(f"the shared verdict could not be read: {exc}"), g.retry_s
-        except PlanStoreError as exc:  # it answered, and refused this object: probe past
-            log.info(
-                "plancache: %s: the shared verdict is unreadable (%s): probing; "
-                "`plancache doctor` replaces it",
-                g.url,
-                scrub(str(exc)),
-            )
-            self.stored, shared = UNREADABLE, None
-        if shared is not None:
-            return shared
+        found = self.look()
+        if found is not None:
+            return found
         try:
             held = claim(self.layer, SHARED_VERDICT, 0, base_s=PROBE_CLAIM_S)
         except PlanStorePermissionError as exc:
@@ -394,6 +385,9 @@ class Round:
         if held is None:
             return self.await_verdict(deadline)
         try:
+            found = self.look()  # the last holder may have shared it just before this claim
+            if found is not None:
+                return found
             result = probe(self.layer, timeout=g.probe_timeout)
             if result.verdict in KEPT:
                 if g.verdicts is not None:
@@ -403,6 +397,25 @@ class Round:
             return result, g.retry_s
         finally:
             release(self.layer, SHARED_VERDICT, held)
+
+    def look(self) -> tuple[ProbeResult, float] | None:
+        """The shared verdict taken (``shared``), or ``unknown`` where the store did not
+        answer (a probe now would fail too, and load it); None where there is none to take
+        (one the store refuses to serve is probed past)."""
+        g = self.guard
+        try:
+            return self.shared()
+        except PlanStoreUnavailableError as exc:
+            return self.unknown(f"the shared verdict could not be read: {exc}"), g.retry_s
+        except PlanStoreError as exc:  # it answered, and refused this object: probe past
+            log.info(
+                "plancache: %s: the shared verdict is unreadable (%s): probing; "
+                "`plancache doctor` replaces it",
+                g.url,
+                scrub(str(exc)),
+            )
+            self.stored = UNREADABLE
+            return None
 
     def unknown(self, why: str) -> ProbeResult:
         return ProbeResult(StoreVerdict.UNKNOWN, None, scrub(why))
