@@ -37,7 +37,13 @@ from plancache._backends.tiered import TieredStore
 from plancache._config import Settings
 from plancache._keys import fingerprint
 from plancache.testing import FACTORS, GiB
-from plancache.testing.servers import MotoS3, MotoS3Process, S3UnderLoad, fake_aws_env
+from plancache.testing.servers import (
+    SLOW_DOWN,
+    MotoS3,
+    MotoS3Process,
+    S3UnderLoad,
+    fake_aws_env,
+)
 
 AGENT = re.compile(r"herd-node/(\d+)")
 HEALTHY_DELAY_S = 0.02
@@ -46,16 +52,19 @@ WEIGHTS_S = 3.0
 """SIMULATED seconds a node's weights load (its lookup runs meanwhile)."""
 
 
+STALL_HOLD_S = 5.0
+"""Seconds a stalled store holds a request (past the clients' 3 s bound) before dropping it."""
+
+
 @dataclass(frozen=True)
 class State:
     """How the store behaves: ``delay_s`` on every request; for ``stall_s`` from the window's
-    start, every request ``stall_delay_s`` later still (past the clients' bounds); with
-    ``refuses``, HTTP 503 SlowDown to every request."""
+    start, no answer within the clients' bounds (``NodeCounts.stall``); with ``refuses``,
+    HTTP 503 SlowDown to every request."""
 
     name: str
     delay_s: float = HEALTHY_DELAY_S
     stall_s: float = 0.0
-    stall_delay_s: float = 30.0
     refuses: bool = False
 
 
@@ -69,7 +78,7 @@ STATES = (
 
 class NodeCounts(S3UnderLoad):
     """``S3UnderLoad`` that counts each node's requests (``herd-node/<n>`` in its user
-    agent: ``node_options``) and what each request was for (``kind``)."""
+    agent: ``node_options``) and what each request was for (``kind``), and may stall."""
 
     def __init__(self, upstream: str, state: State | None = None) -> None:
         state = state or State("healthy", delay_s=0.0)
@@ -81,6 +90,22 @@ class NodeCounts(S3UnderLoad):
         """Probe keys written: three per probe (two for one the store cut short)."""
         self.first_upload: float | None = None
         """When (``time.monotonic``) the first write of a plan arrived."""
+        self._stalled_until = 0.0
+
+    def stall(self, until: float) -> None:
+        """Until ``until`` (``time.monotonic``), hold each request ``STALL_HOLD_S`` (past the
+        clients' bounds), then drop it: answered 503, never forwarded, as a store that
+        stalls serves no backlog to clients gone (the store is measured, not this proxy)."""
+        self._stalled_until = until
+
+    def handle(self, h: Any, body: bytes) -> None:
+        left = self._stalled_until - time.monotonic()
+        if left <= 0:
+            super().handle(h, body)
+            return
+        time.sleep(min(left, STALL_HOLD_S))
+        with contextlib.suppress(OSError):  # the client gave up
+            h.reply(503, {"Content-Type": "application/xml"}, SLOW_DOWN)
 
     def answer(self, h: Any) -> None:
         found = AGENT.search(h.headers.get("User-Agent", ""))
@@ -155,7 +180,7 @@ def rollout(moto: MotoS3, work: Path, state: State, nodes: int, window: float) -
     reasons: dict[int, str] = {}
     with NodeCounts(moto.endpoint, state) as proxy:
         start = time.monotonic()
-        proxy.overload(start + state.stall_s, state.stall_delay_s)
+        proxy.stall(start + state.stall_s)
 
         def one(n: int) -> None:
             time.sleep(max(0.0, start + n * window / nodes - time.monotonic()))

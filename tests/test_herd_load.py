@@ -34,7 +34,7 @@ SPACING_S = 0.2
 LATER = 4
 """Nodes booted once the first wave is done: each must hit."""
 STALL_S = 4.0
-"""The store answers nothing within the clients' bounds (every request 5 s late) from the
+"""The store answers nothing within the clients' bounds (``herd.NodeCounts.stall``) from the
 rollout's start for this long."""
 RETRIES = 1
 """The client's retries of a failed call (``CallTimeouts.retries``): HTTP requests per call."""
@@ -77,7 +77,7 @@ def test_a_herd_on_a_stalled_store_stays_bounded_and_shares_once_it_answers(
 ) -> None:
     url = f"s3://{s3_bucket}/plans"
     with herd.NodeCounts(moto_s3.endpoint) as proxy:
-        proxy.overload(time.monotonic() + STALL_S, 5.0)
+        proxy.stall(time.monotonic() + STALL_S)
         first = _wave(url, proxy.endpoint, tmp_path, range(NODES))
         later = _wave(url, proxy.endpoint, tmp_path, range(NODES, NODES + LATER))
         counts = dict(proxy.by_node)
