@@ -13,10 +13,11 @@ failed (the others still run and are saved).
 
 ``--all`` adds what the main job leaves out to stay within 8 minutes with its set-up: S3
 and GCS store costs on loopback servers it starts itself, write contention on one key, the
-32-process fleet simulation, a plain ``torch.compile`` program on a new machine through
-``plancache run`` against warm, hand-copied and mega-cache runs (``torch_run``, three runs:
-about a minute each where the machine is idle), and, in the compile stage, a hit's and a
-miss's cost per store and the memory check (``ALL_ONLY``).
+32-process fleet simulation, requests per node of a herd against the store's state (``herd``),
+a plain ``torch.compile`` program on a new machine through ``plancache run`` against warm,
+hand-copied and mega-cache runs (``torch_run``, three runs: about a minute each where the
+machine is idle), and, in the compile stage, a hit's and a miss's cost per store and the
+memory check (``ALL_ONLY``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from benchmarks import (
     console,
     contention,
     fleet,
+    herd,
     local_costs,
     machine,
     plugin_costs,
@@ -45,7 +47,7 @@ from benchmarks import (
 )
 from plancache.testing import servers
 
-ALL_ONLY = ("remote", "contention", "fleet", "torch")
+ALL_ONLY = ("remote", "contention", "herd", "fleet", "torch")
 """Stages only ``--all`` runs (``--fleet-only`` runs the fleet too)."""
 
 
@@ -130,6 +132,9 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
         suite = {b: n for b, n in contention.SUITE.items() if not (args.no_remote and b in remote)}
         results["contention"] = contention.measure(suite)
 
+    def herded() -> None:
+        results["herd"] = herd.measure()
+
     stages = {
         "compile": ("compile artifacts: real vLLM compiles on this CPU", compile_artifacts),
         "import": ("import plancache in a fresh interpreter", imported),
@@ -138,13 +143,14 @@ def _measure(run: console.Run, args: argparse.Namespace, results: dict[str, Any]
         "plugin": ("the vLLM plugin's critical-path cost, local / S3 / GCS", plugin),
         "contention": ("write contention on one key", contended),
         "torch": ("a torch.compile program on a new machine: plancache run, 3 runs", torch_program),
+        "herd": ("requests per node against the store's state, 40 nodes", herded),
     }
     for name, (what, measure) in stages.items():
         if args.fleet_only:
             run.skip(name, what, "--fleet-only")
         elif args.no_compile and name == "compile":
             run.skip(name, what, "--no-compile")
-        elif args.no_remote and name in ("remote", "plugin"):
+        elif args.no_remote and name in ("remote", "plugin", "herd"):
             run.skip(name, what, "--no-remote")
         elif name in ALL_ONLY and not args.all:
             run.skip(name, what, "not in the main job: --all")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compile_share, plugin_costs, rollout
+from benchmarks import compile_share, herd, plugin_costs, rollout
 
 PLOT = "plot"
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +101,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(contention_table(results["contention"]))
     if results.get("rollout"):
         lines += ["", rollout.table(results["rollout"])]
+    if results.get("herd"):
+        lines += ["", herd.table(results["herd"])]
     lines.append("")
     lines.append(f"real boot: {results['boot']}")
     if "plugin_costs" in results:

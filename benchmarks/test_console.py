@@ -53,10 +53,10 @@ def test_worker_warnings_go_to_the_log_and_the_run_ends_with_the_headline(
     assert "WARNING" not in run.stdout and "timeout fp=" not in run.stdout
     lines = run.stdout.splitlines()
     progress = lines[: lines.index("") - 1]
-    assert len(progress) == 11, progress  # one line per stage, the plot's included
+    assert len(progress) == 13, progress  # one line per stage, the plot's included
     for line in progress:
         assert re.search(r" \.\.\. [\d.]+ s$|: skipped: .+$", line), line
-    assert re.match(r"11 stages in [\d.]+ s: \d+ ran, \d+ skipped, 0 failed", lines[len(progress)])
+    assert re.match(r"13 stages in [\d.]+ s: \d+ ran, \d+ skipped, 0 failed", lines[len(progress)])
     assert str(tmp_path / "bench.log") in lines[len(progress)]
     table = run.stdout.split("headline results: ", 1)[1]
     assert table.index("WHAT IT SAVES AT BOOT") < table.index("NOT MEASURED HERE")

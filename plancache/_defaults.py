@@ -96,21 +96,27 @@ STREAM_MIN_S = _bound(
     "STREAM_MIN_S", 5.0, "what must be left of the probe's bound for `stream-create-existing`"
 )
 PROBE_JITTER_S = _bound(
-    "PROBE_JITTER_S", 2.0, "most a probe started when a store is warmed waits first (a rollout)"
+    "PROBE_JITTER_S",
+    2.0,
+    "most a round started when a store is warmed waits first (spread over a rollout)",
 )
-BACKOFF_S = _bound(
-    "BACKOFF_S",
-    0.5,
-    "first wait before a probe without a verdict (timeout, 503, 429) is tried again, doubling",
+PROBE_CLAIM_S = _bound(
+    "PROBE_CLAIM_S",
+    20.0,
+    "a probe claim's life (the probe's bound, then the verdict's share and the claim's "
+    "release): a prober that dies blocks the fleet's probes this long",
+)
+REREAD_S = _bound(
+    "REREAD_S",
+    1.0,
+    "before a node without the probe claim first re-reads the shared verdict (then 2 s, 4 s)",
 )
 RETRY_MIN_S = _bound(
     "RETRY_MIN_S",
     10.0,
-    "most before a write probes again after a first `unknown` (jittered, doubling)",
+    "most before the next round after a first `unknown` (jittered down to half, doubling)",
 )
-RETRY_S = _bound(
-    "RETRY_S", 60.0, "most before a write probes again after `unknown`; after `read-only`"
-)
+RETRY_S = _bound("RETRY_S", 60.0, "most before the next round after `unknown`; after `read-only`")
 WRITE_PATIENCE_S = _bound(
     "WRITE_PATIENCE_S", 300.0, "a write waiting for the conformance probe's verdict"
 )

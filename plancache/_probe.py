@@ -57,6 +57,8 @@ RACERS = 8
 CHECK_REQUESTS = 9 + RACERS
 """Primitive calls of steps 1-5 and ``stream-create-existing`` when every one passes (cleanup
 adds one delete per key)."""
+PROBE_CALLS = CHECK_REQUESTS + 3
+"""Most primitive calls of a probe: the checks and one delete per key."""
 
 STEPS = {
     "create": "create-if-absent on a fresh key succeeds",

@@ -122,7 +122,7 @@ MAX_LINES = 500
 ENGINE = [
     "_artifacts/engine.py",
     "_artifacts/trust.py",
-    "_artifacts/claims.py",
+    "_claims.py",
     "_artifacts/pacing.py",
 ]
 """The modules every kind shares: they know no backend (the stores' generic hooks serve)."""

@@ -18,9 +18,9 @@ import boto3
 import pytest
 
 from plancache import PlanCache, PlanStore, PutOutcome
-from plancache._backends import open_layer
+from plancache._backends import guarded, open_layer
 from plancache._backends._remote import PROBE_PREFIX, RemoteStore
-from plancache._backends.guarded import PROBE_ATTEMPTS, GuardedStore
+from plancache._backends.guarded import GuardedStore
 from plancache._backends.verdicts import SHARED_VERDICT, VERDICTS_DIR, VerdictCache
 from plancache._config import Settings
 from plancache._objects import Update
@@ -33,9 +33,9 @@ from plancache.testing.servers import CountingProxy, FakeGCS, MotoS3, SeaweedS3,
 from tests.cli.helpers import run
 
 WRITE_METHODS = {"PUT", "POST", "DELETE", "PATCH"}
-#: failed requests that leave a guard without a verdict: each attempt's first request (the
-#: read of the shared verdict; it fails, so no probe follows), with the client's one retry
-NO_VERDICT_FAILURES = 2 * PROBE_ATTEMPTS
+#: failed requests that leave a round without a verdict: its first request (the read of the
+#: shared verdict; it fails, so nothing follows), with the client's one retry
+NO_VERDICT_FAILURES = 2
 #: HTTP requests of a passing probe: the checks (S3's streamed create: a multipart upload of
 #: five requests; GCS's: a resumable upload refused at its start), and three deletes (S3: HEAD
 #: + DELETE each)
@@ -227,12 +227,14 @@ def test_nothing_is_written_to_a_lying_store_after_its_verdict(
         assert _writes(proxy) == []
         assert not cache.lookup(FACTORS, current_free_memory=50 * GiB).hit  # tombstone: local
         # another process on this node: the verdict cached on disk, no probe, no write
+        # another store of this process on this node: the process's verdict, no probe, no
+        # write, no second ERROR
         proxy.reset()
         again = _cache(url, proxy.endpoint, options, tier, timeout=10)
         assert _record(again, kv=6).outcome is not None
         assert _writes(proxy) == []
         assert len(list((tier / VERDICTS_DIR).iterdir())) == 1
-        assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 2
+        assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
 
 
 def test_an_honest_store_is_probed_once_and_written(
@@ -270,20 +272,26 @@ def test_read_only_credentials_write_the_local_tier_only(
     with FaultyProxy(up, 403, writes) as proxy, caplog.at_level(logging.WARNING, "plancache"):
         cache = _cache(url, proxy.endpoint, options, tmp_path / "tier", timeout=10)
         assert _record(cache).outcome is not None
-        assert len(_writes(proxy)) == 2  # the probe's denied creates (the streamed step's too)
+        assert len(_writes(proxy)) == 1  # the probe claim's denied create: no probe follows
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not (tmp_path / "tier" / VERDICTS_DIR).exists()  # kept in memory only
 
 
 def test_a_store_that_sheds_load_for_a_moment_still_gets_its_verdict(
-    behind: Behind, server: tuple[str, str, dict[str, Any]], tmp_path: Path
+    behind: Behind,
+    server: tuple[str, str, dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """503 (S3's SlowDown) on the probe's first request and its retry: the probe backs off
-    and tries again within its bound, and finds the verdict."""
-    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, _):
-        guarded = GuardedStore(store, VerdictCache(tmp_path))
-        assert guarded.verdict().verdict is StoreVerdict.HONEST
-        assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
+    """503 (S3's SlowDown) on a round's first request and its retry: the round ends there
+    (nothing more sent), and a waiting write's next round, after the backoff, finds the
+    verdict."""
+    monkeypatch.setattr(guarded, "RETRY_MIN_S", 0.2)
+    with behind(FaultyProxy(upstream(server), 503, lambda n, m, p: n < 2)) as (store, proxy):
+        guard = GuardedStore(store, VerdictCache(tmp_path), patience=30.0)
+        assert guard.verdict().verdict is StoreVerdict.HONEST
+        assert PlanStore(guard).put(make_plan()) is PutOutcome.CREATED
+        assert SHARED_VERDICT in proxy.requests[2][1]  # the next round read it again
 
 
 class _Logged(logging.Handler):
@@ -338,9 +346,13 @@ def test_no_verdict_is_retried_at_a_later_write(
         with pytest.raises(PlanStoreUnavailableError, match="no verdict"):
             PlanStore(guarded).put(make_plan())
         assert list(tmp_path.iterdir()) == []
-        assert guarded.known() is not None  # the "unknown" is kept for retry_s at most
+        with guarded.state.lock:
+            assert guarded.state.fresh() is not None  # the "unknown" is kept for retry_s at most
         end = time.monotonic() + 30
-        while guarded.known() is not None and time.monotonic() < end:  # until it expired
+        while time.monotonic() < end:  # until the process's backoff on the store expired
+            with guarded.state.lock:
+                if guarded.state.fresh() is None:
+                    break
             time.sleep(0.01)
         assert PlanStore(guarded).put(make_plan()) is PutOutcome.CREATED
         assert guarded.verdict().verdict is StoreVerdict.HONEST

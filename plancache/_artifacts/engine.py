@@ -49,11 +49,11 @@ from typing import Generic, TypeVar
 from plancache import _background as background
 from plancache import _events as events
 from plancache import _metrics as metrics
-from plancache._artifacts.claims import CLAIM_SUFFIX, claim
 from plancache._artifacts.manifest import DEFAULT_MAX_BYTES, Manifest
 from plancache._artifacts.pacing import TimedOut, TooSlow
 from plancache._artifacts.trust import Refused, Trust, warn_foreign
 from plancache._background import Job
+from plancache._claims import claim, release
 from plancache._config import Settings, is_remote
 from plancache._defaults import (
     COMPILE_EXIT_WAIT,
@@ -370,8 +370,7 @@ class Engine(Trust):
                 return False
             return layer.write_object(name, chunks)
         finally:
-            with contextlib.suppress(Exception):  # expires on its own
-                layer.delete_object(name + CLAIM_SUFFIX, held)
+            release(layer, name, held)
 
     def write_small(self, kind: str, what: str, name: str, data: bytes) -> dict[str, bool]:
         """Write a small object (an envelope: no claim, no manifest) create-if-absent to

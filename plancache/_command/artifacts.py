@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plancache._artifacts import claims
+from plancache import _claims as claims
 from plancache._artifacts.archive import remove_partial_installs
 from plancache._artifacts.kind import Kind
 from plancache._artifacts.registry import KINDS

@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plancache._artifacts.claims import CLAIM_SUFFIX, claim
 from plancache._artifacts.engine import CompileSettings
 from plancache._artifacts.manifest import artifact_object_name
 from plancache._artifacts.store import ArtifactStore
+from plancache._claims import CLAIM_SUFFIX, claim
 from plancache._config import Settings
 from plancache.testing import LocalLayer as LocalStore
 from plancache.testing.servers import CountingProxy

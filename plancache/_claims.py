@@ -1,10 +1,14 @@
-"""Upload claims: at most one node of a fleet uploads an object at a time.
+"""Claims: at most one node of a fleet does one thing at a time (uploads an object, probes a
+store).
 
 A claim is the object ``<name>.claim`` on the same object layer, holding its holder and its
 expiry; it is created if absent, or taken over once expired by a compare-and-swap on the
-version read. Guarantees: two nodes never both hold a live claim on one name (where the
-store honours conditional writes); a node that dies while uploading blocks the others only
-until its claim expires (``CLAIM_BASE_S`` plus the object's size at ``CLAIM_BYTES_PER_S``).
+version read, and released by a delete of that version. Guarantees: two nodes never both
+hold a live claim on one name (where the store honours conditional writes); a node that dies
+while holding one blocks the others only until its claim expires (``CLAIM_BASE_S``, or the
+``base_s`` its user gives, plus the object's size at ``CLAIM_BYTES_PER_S``). The upload of
+an object claims its name (``plancache._artifacts.engine``); the conformance probe claims
+the shared verdict's (``plancache._backends.guarded``).
 Claims are unsigned: one dated later than any node of the fleet could claim from now
 (``believable``) is taken as expired, so that whoever may write the bucket can block an
 upload for at most one claim's length, never for a year; ``stale`` lists the claims a
@@ -13,6 +17,7 @@ upload for at most one claim's length, never for a year; ``stale`` lists the cla
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -29,17 +34,19 @@ from plancache.errors import PlanStoreError
 CLAIM_SUFFIX = ".claim"
 CLAIM_LIMIT = 4096
 """A claim is read up to this many bytes."""
+CLAIM_CALLS = 4
+"""Most store calls of one ``claim``: a create and a read, or a take-over and a read."""
 
 
-def longest(size: int) -> float:
-    """Seconds a claim on an object of ``size`` bytes lasts."""
-    return CLAIM_BASE_S + size / CLAIM_BYTES_PER_S
+def longest(size: int, base_s: float = CLAIM_BASE_S) -> float:
+    """Seconds a claim on an object of ``size`` bytes lasts (``base_s`` for no bytes)."""
+    return base_s + size / CLAIM_BYTES_PER_S
 
 
-def believable(until: float, now: float, size: int) -> bool:
+def believable(until: float, now: float, size: int, base_s: float = CLAIM_BASE_S) -> bool:
     """Whether a claim lasting to ``until`` could have been written by a node claiming an
     object of up to twice ``size`` bytes, with its clock up to ``CLOCK_SKEW_S`` ahead."""
-    return until <= now + longest(2 * size) + CLOCK_SKEW_S
+    return until <= now + longest(2 * size, base_s) + CLOCK_SKEW_S
 
 
 def _until(data: bytes) -> float:
@@ -50,18 +57,22 @@ def _until(data: bytes) -> float:
         return 0.0
 
 
-def claim(layer: ObjectLayer, name: str, size: int, now: float | None = None) -> object | None:
-    """Claim the upload of ``name`` on ``layer``: the object ``<name>.claim`` created, or
-    taken over once expired (compare-and-swap on the version read), holding its expiry. The
+def claim(
+    layer: ObjectLayer,
+    name: str,
+    size: int,
+    now: float | None = None,
+    *,
+    base_s: float = CLAIM_BASE_S,
+) -> object | None:
+    """Claim ``name`` on ``layer`` (its upload, of ``size`` bytes; ``base_s``: how long
+    without bytes): the object ``<name>.claim`` created, or taken over once expired
+    (compare-and-swap on the version read), holding its expiry; at most four calls. The
     claim's version, or None where another node holds a live claim. A node that dies while
-    uploading blocks the others only until its claim expires."""
+    holding it blocks the others only until its claim expires. Raises the store's errors."""
     now = time.time() if now is None else now
     body = orjson.dumps(
-        {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "until": now + CLAIM_BASE_S + size / CLAIM_BYTES_PER_S,
-        }
+        {"host": socket.gethostname(), "pid": os.getpid(), "until": now + longest(size, base_s)}
     )
     claimed = name + CLAIM_SUFFIX
     for _ in range(2):  # create; else take over an expired claim (once)
@@ -72,13 +83,21 @@ def claim(layer: ObjectLayer, name: str, size: int, now: float | None = None) ->
         if found is None:
             continue  # released meanwhile: try to create it again
         until = _until(found[0])
-        if now < until and believable(until, now, size):
+        if now < until and believable(until, now, size, base_s):
             return None
         if layer.write_object(claimed, [body], Update(found[1])):
             taken = layer.read_object(claimed, CLAIM_LIMIT)
             return None if taken is None or taken[0] != body else taken[1]
         return None
     return None
+
+
+def release(layer: ObjectLayer, name: str, held: object) -> None:
+    """Release the claim on ``name`` that ``claim`` returned (``held``: its version): a
+    delete of that version only, so a claim another node took over stays. Never raises (a
+    claim not released expires on its own)."""
+    with contextlib.suppress(Exception):
+        layer.delete_object(name + CLAIM_SUFFIX, held)
 
 
 @dataclass(frozen=True)
