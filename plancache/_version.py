@@ -1,6 +1,6 @@
 """The version of plancache (a leaf: every layer may name it)."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 DEPRECATED_REMOVED_IN = "0.6.0"
 """The release that removes every name deprecated so far (each keeps working, with a
