@@ -8,8 +8,11 @@ from benchmarks.store_costs import measure_remote
 def test_measure_remote_reports_requests_per_operation() -> None:
     result = measure_remote(n=3)
     for backend in ("s3", "gcs"):
+        # GCS tells a missing bucket from a missing object by one listing, at a store's
+        # first miss only (docs/stores.md): 2 requests, then 1 each
+        first_miss = 2.0 if backend == "gcs" else 1.0
         assert result[backend]["requests"] == {
-            "get_miss": 1.0,
+            "get_miss": round((first_miss + 2) / 3, 2),
             "put_create": 1.0,
             "get_hit": 1.0,
             "put_kept": 1.0,

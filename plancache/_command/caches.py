@@ -160,7 +160,9 @@ def _cache(args: argparse.Namespace, *, must_exist: bool) -> GeneratedCache:
     """The cache the arguments name (``must_exist``: its directory must be there: a push
     from a directory that is not is a mistake, not "nothing new"); ``CliError`` or
     ``ConfigError`` saying what is wrong."""
-    cache = _named(args)
+    if must_exist and args.dir is not None and not Path(args.dir).expanduser().is_dir():
+        raise CliError(f"cache {args.verb}: {args.dir}: not a directory (nothing to push)")
+    cache = _named(args)  # where --dir is not given, the kind's own directory
     if must_exist and not cache.root.is_dir():
         raise CliError(f"cache {args.verb}: {cache.root}: not a directory (nothing to push)")
     return cache
