@@ -56,7 +56,12 @@ def main() -> None:
     ap.add_argument("--kv-bytes", type=int, default=None, help="explicit kv_cache_memory_bytes")
     ap.add_argument("--device-kind", default="cuda", choices=["cuda", "xpu"])
     ap.add_argument("--free-gib", type=float, default=78.0, help="free memory at boot")
-    ap.add_argument("--save-wait", type=float, default=10.0, help="wait for the save")
+    ap.add_argument(
+        "--save-wait",
+        type=float,
+        default=None,
+        help="wait for the retractions and the save (default: twice PLANCACHE_TIMEOUT and 6 s)",
+    )
     ap.add_argument("--seed", type=int, nargs=2, metavar=("KV", "BASELINE"), default=None)
     ap.add_argument("--seed-options", default=None, help="storage options of the seed (JSON)")
     ap.add_argument("--die-in-warmup", action="store_true")
@@ -324,7 +329,13 @@ def main() -> None:
         torch.distributed.all_reduce(x, group=wg.cpu_group)
 
     boot = plugin.boot_of(worker)
-    recorded = plugin.wait_saved(worker, args.save_wait)
+    # the retractions and the save each end within the boot's budget
+    save_wait = args.save_wait
+    if save_wait is None:
+        from plancache._defaults import TIMEOUT
+
+        save_wait = 2 * TIMEOUT.read() + 6.0
+    recorded = plugin.wait_saved(worker, save_wait)
     report = {
         "rank": args.rank,
         "kv": kv,
