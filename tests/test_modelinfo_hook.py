@@ -148,6 +148,38 @@ def test_a_store_that_does_not_answer_costs_at_most_the_budget(
 
 
 @pytest.mark.usefixtures("node")
+def test_the_exit_names_the_uploads_it_abandons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upload still running when ``PLANCACHE_COMPILE_EXIT_WAIT`` ends at exit is named
+    by what it carries: here model info, bound for a store that never answers."""
+    with SilentServer() as silent:
+        options = json.dumps(
+            {"endpoint_url": silent.endpoint, "key": "k", "secret": "s", "timeout": 30}
+        )
+        _env(
+            monkeypatch,
+            "s3://silent/prefix",
+            PLANCACHE_STORAGE_OPTIONS=options,
+            PLANCACHE_TIMEOUT="1",  # the lookup's bound
+            PLANCACHE_COMPILE_TIMEOUT="3",  # the upload's
+            PLANCACHE_COMPILE_EXIT_WAIT="0.2",
+            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+            PLANCACHE_LOCAL_TIER="0",
+            VLLM_CACHE_ROOT=str(tmp_path / "c"),
+        )
+        module = registry(tmp_path / "c")
+        modelinfo.patch_registry(module)
+        assert inspect(module)[1]  # the lookup timed out; the upload starts
+        with caplog.at_level(logging.WARNING, logger="plancache"):
+            compile._at_exit()
+    [line] = [
+        r.getMessage() for r in caplog.records if "PLANCACHE_COMPILE_EXIT_WAIT" in r.getMessage()
+    ]
+    assert line.endswith("abandoned, nothing of them stored: model info"), line
+
+
+@pytest.mark.usefixtures("node")
 def test_a_file_installed_that_vllm_does_not_read_is_reported_as_built_anyway(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -417,26 +417,33 @@ class Engine(Trust):
 class Uploads:
     """Background uploads of one process: jobs on daemon threads (``plancache._background``),
     waited for at exit at most ``exit_wait`` seconds in all (``wait``); past it they are
-    abandoned (an abandoned upload stores nothing: see ``plancache._objects``)."""
+    abandoned (an abandoned upload stores nothing: see ``plancache._objects``). Each names
+    what it carries (``what``), so what was abandoned can be said."""
 
     def __init__(self) -> None:
-        self.jobs: list[Job[object]] = []
+        self.jobs: list[tuple[str, Job[object]]] = []
         self.lock = threading.Lock()
 
-    def start(self, target: Callable[..., object], *args: object) -> Job[object]:
+    def start(self, what: str, target: Callable[..., object], *args: object) -> Job[object]:
+        """``target(*args)`` on a daemon thread: an upload of ``what`` (e.g. "model info")."""
         job = background.start(functools.partial(target, *args), "plancache-compile-upload")
         with self.lock:
-            self.jobs.append(job)
+            self.jobs.append((what, job))
         return job
 
     def running(self) -> list[Job[object]]:
         """The uploads not done yet."""
         with self.lock:
-            return [job for job in self.jobs if not job.done()]
+            return [job for _, job in self.jobs if not job.done()]
+
+    def unfinished(self) -> list[str]:
+        """What the uploads not done yet carry, each named once, in the order started."""
+        with self.lock:
+            return list(dict.fromkeys(what for what, job in self.jobs if not job.done()))
 
     def wait(self, timeout: float) -> bool:
         """Join every upload, ``timeout`` seconds in all; True if none is left running."""
         deadline = time.monotonic() + timeout
         with self.lock:
-            jobs = list(self.jobs)
+            jobs = [job for _, job in self.jobs]
         return all([job.join(deadline - time.monotonic()) for job in jobs])

@@ -302,10 +302,13 @@ def test_settings() -> None:
 def test_uploads_wait_is_bounded() -> None:
     uploads = Uploads()
     release = threading.Event()
-    uploads.start(release.wait, 30)
+    uploads.start("model info", release.wait, 30)
+    uploads.start("compile artifacts", lambda: None)
     assert uploads.wait(0.2) is False
+    assert uploads.unfinished() == ["model info"]
     release.set()
     assert uploads.wait(5) is True
+    assert uploads.unfinished() == []
 
 
 def _remote(backend: str, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:

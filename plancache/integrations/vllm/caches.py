@@ -196,7 +196,7 @@ def ready() -> Job[object] | None:
             return None
         plugin.ready = True
     earlier = compile.uploads.running()
-    return compile.uploads.start(_upload_all, plugin, earlier)
+    return compile.uploads.start("the shared caches' bundles", _upload_all, plugin, earlier)
 
 
 def _upload_all(plugin: Plugin, earlier: list[Job[object]]) -> None:

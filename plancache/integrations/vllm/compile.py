@@ -400,7 +400,9 @@ class _Retractor:
     def retract(self, fingerprint: str, observation: Observation) -> object:
         digest = str(observation.producer.get("digest", ""))
         # waited for at exit like an upload
-        return uploads.start(self.artifacts.retract, self.key, self.rank, digest)
+        return uploads.start(
+            "a compile artifact's retraction", self.artifacts.retract, self.key, self.rank, digest
+        )
 
 
 # -- the upload --------------------------------------------------------------------------------
@@ -436,7 +438,10 @@ def _after_save(model: Any) -> None:
         made["compile_s"] = round(time.monotonic() - started, 3)
     fn = model.aot_compiled_fn
     model.aot_compiled_fn = _FirstCall(
-        fn, lambda: uploads.start(_upload, rank_dir.parent, key, rank, labels, made)
+        fn,
+        lambda: uploads.start(
+            "compile artifacts", _upload, rank_dir.parent, key, rank, labels, made
+        ),
     )
 
 
@@ -488,7 +493,8 @@ def _at_exit() -> None:
     bound = settings().exit_wait
     if not uploads.wait(bound):
         log.warning(
-            "plancache: a compile artifact upload was still running after %.0f s "
-            "(PLANCACHE_COMPILE_EXIT_WAIT); abandoned, nothing stored",
+            "plancache: uploads still running after %.0f s (PLANCACHE_COMPILE_EXIT_WAIT), "
+            "abandoned, nothing of them stored: %s",
             bound,
+            ", ".join(uploads.unfinished()) or "none (they ended just now)",
         )

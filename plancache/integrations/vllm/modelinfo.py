@@ -159,4 +159,4 @@ def _upload(model: Any, module_hash: str) -> None:
         if shared is not None:
             shared.upload_model_info(modelinfo.made(version, module, cls, file, shared.keyring))
 
-    compile.uploads.start(upload)
+    compile.uploads.start("model info", upload)
