@@ -15,7 +15,8 @@ Guarantees:
 - the first line (stderr) names the store and whether anything leaves this machine; every
   line of plancache's is on stderr, the program's output is its own;
 - SIGTERM and SIGHUP are forwarded to the program; once it has ended, its caches are pushed
-  all the same. SIGINT is left to the program (a terminal sends it to both);
+  all the same. SIGINT is left to the program (a terminal sends it to both): the program
+  starts with the disposition plancache was given (ignored in a shell's background job);
 - bounded: each pull by ``PLANCACHE_COMPILE_TIMEOUT`` (unset: ``--timeout``, as for
   ``cache pull``), the pushes by ``PLANCACHE_COMPILE_EXIT_WAIT`` in all (then abandoned:
   nothing stored); the program itself by nothing.

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from plancache import open_store
 from plancache.testing import child_env
 
@@ -104,12 +106,31 @@ def test_sigterm_is_forwarded_to_the_program_and_the_cache_pushed_after(tmp_path
     assert len(_bundles(store)) == 1
 
 
-def test_the_program_keeps_its_own_ctrl_c(tmp_path: Path) -> None:
-    """plancache leaves SIGINT to the program (a terminal sends it to both): the program's
-    own handler is Python's default, not an ignored signal inherited from plancache."""
-    asks = _program("import signal; print(signal.getsignal(signal.SIGINT).__name__)")
-    result = _run(*KIND, "--dir", str(tmp_path / "c"), "--url", str(tmp_path / "s"), *asks)
-    assert (result.returncode, result.stdout) == (0, "default_int_handler\n"), result.stderr
+@pytest.mark.parametrize(
+    ("given", "seen"), [("SIG_DFL", "default_int_handler"), ("SIG_IGN", "SIG_IGN")]
+)
+def test_the_program_keeps_its_own_ctrl_c(tmp_path: Path, given: str, seen: str) -> None:
+    """plancache leaves SIGINT to the program (a terminal sends it to both): the program
+    starts with the disposition plancache was given (a shell's background job is given
+    SIGINT ignored), not the one plancache sets for itself while the program runs."""
+    asks = _program(
+        "import signal; h = signal.getsignal(signal.SIGINT); "
+        "print(getattr(h, 'name', None) or h.__name__)"
+    )
+    given_then_run = (
+        "import os, signal, sys; "
+        f"signal.signal(signal.SIGINT, signal.{given}); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'plancache', *sys.argv[1:]])"
+    )
+    where = ("--dir", str(tmp_path / "c"), "--url", str(tmp_path / "s"))
+    result = subprocess.run(
+        [sys.executable, "-c", given_then_run, "run", *KIND, *where, *asks],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert (result.returncode, result.stdout) == (0, f"{seen}\n"), result.stderr
 
 
 def test_a_program_killed_by_a_signal_exits_128_plus_it(tmp_path: Path) -> None:
