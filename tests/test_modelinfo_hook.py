@@ -86,6 +86,24 @@ def _env(monkeypatch: pytest.MonkeyPatch, url: str, **more: str) -> None:
         monkeypatch.setenv(key, value)
 
 
+def _silent_store(
+    monkeypatch: pytest.MonkeyPatch, silent: SilentServer, cache_root: Path, **more: str
+) -> None:
+    """S3 at ``silent`` (an endpoint that never answers; 30 s per call), no local tier,
+    vLLM's cache at ``cache_root``, uploads given up after 3 s (the fixture waits for them
+    at the end of the test), and ``more``."""
+    options = {"endpoint_url": silent.endpoint, "key": "k", "secret": "s", "timeout": 30}
+    _env(
+        monkeypatch,
+        "s3://silent/prefix",
+        PLANCACHE_STORAGE_OPTIONS=json.dumps(options),
+        PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
+        PLANCACHE_LOCAL_TIER="0",
+        VLLM_CACHE_ROOT=str(cache_root),
+        **{"PLANCACHE_COMPILE_TIMEOUT": "3", **more},
+    )
+
+
 @pytest.mark.usefixtures("node")
 def test_a_new_node_reads_the_shared_file_instead_of_inspecting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -126,18 +144,7 @@ def test_a_store_that_does_not_answer_costs_at_most_the_budget(
     with SilentServer() as silent:
         # the store's own call bound (30 s) far above the 0.5 s budget: only the budget can
         # end the wait in under half of it
-        options = json.dumps(
-            {"endpoint_url": silent.endpoint, "key": "k", "secret": "s", "timeout": 30}
-        )
-        _env(
-            monkeypatch,
-            "s3://silent/prefix",
-            PLANCACHE_STORAGE_OPTIONS=options,
-            PLANCACHE_TIMEOUT="0.5",
-            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
-            PLANCACHE_LOCAL_TIER="0",
-            VLLM_CACHE_ROOT=str(tmp_path / "c"),
-        )
+        _silent_store(monkeypatch, silent, tmp_path / "c", PLANCACHE_TIMEOUT="0.5")
         module = registry(tmp_path / "c")
         modelinfo.patch_registry(module)
         compile.opened()  # the client opens while the weights load, not on this path
@@ -154,19 +161,12 @@ def test_the_exit_names_the_uploads_it_abandons(
     """An upload still running when ``PLANCACHE_COMPILE_EXIT_WAIT`` ends at exit is named
     by what it carries: here model info, bound for a store that never answers."""
     with SilentServer() as silent:
-        options = json.dumps(
-            {"endpoint_url": silent.endpoint, "key": "k", "secret": "s", "timeout": 30}
-        )
-        _env(
+        _silent_store(
             monkeypatch,
-            "s3://silent/prefix",
-            PLANCACHE_STORAGE_OPTIONS=options,
-            PLANCACHE_TIMEOUT="1",  # the lookup's bound
-            PLANCACHE_COMPILE_TIMEOUT="3",  # the upload's
+            silent,
+            tmp_path / "c",
+            PLANCACHE_TIMEOUT="1",  # the lookup's bound; the upload's: 3 s
             PLANCACHE_COMPILE_EXIT_WAIT="0.2",
-            PLANCACHE_COMPILE_TRUST_UNSIGNED="1",
-            PLANCACHE_LOCAL_TIER="0",
-            VLLM_CACHE_ROOT=str(tmp_path / "c"),
         )
         module = registry(tmp_path / "c")
         modelinfo.patch_registry(module)
