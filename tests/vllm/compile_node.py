@@ -40,6 +40,8 @@ import signal
 import time
 from typing import Any
 
+from tests.vllm.last_line import say
+
 START = time.perf_counter()
 
 
@@ -137,7 +139,7 @@ def main() -> None:
         def load_then_die(*a: Any, **kw: Any) -> Any:
             fn = loader(*a, **kw)
             if fn is not None:
-                print(json.dumps({"loaded": True, "dying": True}), flush=True)
+                say({"loaded": True, "dying": True})
                 os.kill(os.getpid(), signal.SIGKILL)
             return fn
 
@@ -181,7 +183,7 @@ def main() -> None:
             "warm-up": warm_up,
         },
     }
-    print(json.dumps(report), flush=True)
+    say(report)
 
 
 def _files(root: str, part: str) -> int:

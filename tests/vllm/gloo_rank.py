@@ -19,7 +19,6 @@ machine. ``destroy_process_group`` does not wait for those threads.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -32,13 +31,14 @@ import torch.distributed as dist
 import plancache.integrations.vllm as plugin
 from plancache.errors import RankAgreementError
 from plancache.integrations.vllm.save import wait_saved
+from tests.vllm.last_line import say
 from tests.vllm.support import load_standin, use_fake_runtime
 
 
 def exit_now(report: dict[str, object], worker: object = None) -> NoReturn:
     """Print ``report`` as the last line, wait (10 s at most) for ``worker``'s background
     store writes, and end the process without finalizing the interpreter."""
-    print(json.dumps(report), flush=True)
+    say(report)
     if worker is not None:
         wait_saved(worker, 10.0)
     sys.stderr.flush()

@@ -12,7 +12,6 @@ checkout's root on the path.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from plancache.integrations import torch as mega
+from tests.vllm.last_line import say
 
 
 def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,7 @@ def main() -> None:
         saved = mega.save(args.name)
         report |= {"bytes": saved.bytes, "written": saved.written, "skipped": saved.skipped}
         report["loaded_left_out"] = saved.loaded
-    print(json.dumps(report), flush=True)
+    say(report)
 
 
 if __name__ == "__main__":

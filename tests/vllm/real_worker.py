@@ -39,6 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from plancache._units import GiB
+from tests.vllm.last_line import say
 
 START = time.perf_counter()
 COMPILE_TEMPORARIES = 8 * GiB
@@ -313,7 +314,7 @@ def main() -> None:
         try:
             kv = worker.determine_available_memory()
         except RankAgreementError as exc:
-            print(json.dumps({"rank": args.rank, "error": str(exc)}), flush=True)
+            say({"rank": args.rank, "error": str(exc)})
             os._exit(3)  # the group holds a pending collective: no clean teardown
         t["determine"] = time.perf_counter() - s
         s = time.perf_counter()
@@ -363,7 +364,7 @@ def main() -> None:
         if boot is None or boot.decision is None or boot.decision.plan is None
         else boot.decision.observation in boot.decision.plan.provisional,
     }
-    print(json.dumps(report), flush=True)
+    say(report)
     from vllm.distributed.parallel_state import (
         destroy_distributed_environment,
         destroy_model_parallel,

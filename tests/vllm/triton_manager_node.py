@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import time
@@ -29,6 +28,7 @@ import torch  # noqa: E402, F401  # as a Triton program that launches on tensors
 import triton  # noqa: E402
 from triton import knobs  # noqa: E402
 
+from tests.vllm.last_line import say  # noqa: E402
 from tests.vllm.triton_node import CONFIGS, TARGET, matmul  # noqa: E402
 
 SIGNATURE = {n: "*fp16" for n in ("a", "b", "c")} | {
@@ -73,7 +73,7 @@ def main() -> None:
         from plancache.integrations import triton as shared
 
         report["pushed"] = [p.files for p in shared.push(60)]
-    print(json.dumps(report), flush=True)
+    say(report)
     if args.push_then_die:
         os._exit(0)  # as a process killed by a signal: no atexit handler runs
 

@@ -14,7 +14,6 @@ usage: triton_node.py [--kernels N]; run with ``TRITON_CACHE_DIR``, ``PLANCACHE_
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -25,6 +24,8 @@ START = time.perf_counter()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from tests.vllm.last_line import say  # noqa: E402
 
 CONFIGS = [(bm, bn, bk) for bm in (64, 128) for bn in (64, 128) for bk in (32, 64)]
 TARGET = GPUTarget("cuda", 90, 32)
@@ -104,7 +105,7 @@ def main() -> None:
         "upload_s": time.perf_counter() - upload_start,
         "process_s": time.perf_counter() - START,
     }
-    print(json.dumps(report), flush=True)
+    say(report)
 
 
 if __name__ == "__main__":
