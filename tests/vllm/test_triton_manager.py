@@ -72,6 +72,7 @@ def _node(
     assert code == 0, log[-4000:]
     assert report["manager"] == manager
     report["log"] = log
+    report["exit_s"] = time.time() - report["said_at"]  # the report's line to the exit
     return report
 
 
@@ -175,14 +176,13 @@ def test_a_store_that_never_answers_delays_neither_compiles_nor_exit_past_the_bo
                 "PLANCACHE_COMPILE_EXIT_WAIT": "1",
             },
         )
-        start = time.monotonic()
         report = _node(tmp_path / "node", store)
-        took = time.monotonic() - start
     assert (report["compiled"], report["hits"]) == (KERNELS, 0), report["log"][-3000:]
     assert "pull not done within 2 s" in report["log"]
     assert "push not done within 1 s at exit: abandoned" in report["log"]
-    # the interpreter's start (about 1 s here) and the exit's 1 s after the program's end
-    assert took < report["process_s"] + 1 + 5, report["log"][-3000:]
+    # the exit's 1 s, then the interpreter's own end (torch's and Triton's, well under 1 s
+    # on a quiet machine; seconds at load 10): measured from the report, not from the start
+    assert report["exit_s"] < 1 + 8, report["log"][-3000:]
     assert report["compile_s"] < 2 + 5  # the pull's 2 s, then 4 compiles (about 2 s here)
 
 
